@@ -1,0 +1,99 @@
+"""Run configuration shared by every backbone: data, optimiser, trainer, mesh, checkpoints, eval.
+
+A backbone's config file (``configs/<name>.py``) calls :func:`base_config` and fills ``model``.
+Every field exists up front, so an override of an unknown field (``--config.train.stpes=5``) or a
+value of the wrong type fails at parse time with a message naming the field (ml_collections).
+:func:`validate` adds the value checks that types alone cannot express.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_collections
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def default_data_dir() -> str:
+    """The embedded corpora: ``<repo>/data`` next to the package (an editable install keeps it)."""
+    return str(Path(__file__).resolve().parent.parent / "data")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Defaults for everything except ``model`` (sized for the tiny CPU configs)."""
+    c = ml_collections.ConfigDict()
+
+    c.data = ml_collections.ConfigDict()
+    c.data.corpus = "books"  # books | tinyshakespeare (see titans_lm.data.corpora)
+    c.data.data_dir = default_data_dir()
+    c.data.cache_dir = ""  # tokenizer and token stores; "" -> <data_dir>/../.cache
+    c.data.vocab_size = 8192
+    c.data.tokenizer_sentences = 400_000  # sentencepiece input_sentence_size (sampled lines)
+    c.data.seq_len = 256  # T: training window length in tokens
+    c.data.doc_align = 64  # documents padded to, and windows started at, multiples of this
+    c.data.shuffle_seed = 0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.seed = 0
+    c.train.steps = 1000
+    c.train.batch_size = 16  # global batch, in sequences of seq_len tokens
+    c.train.grad_accum = 1  # micro-batches per optimiser step
+    c.train.compute_dtype = "float32"  # float32 | bfloat16 (parameters stay float32)
+    c.train.log_every = 10
+    c.train.eval_every = 250
+    c.train.eval_batches = 8
+    c.train.ckpt_every = 200
+    c.train.keep_checkpoints = 2
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.lr = 3e-3
+    c.optim.end_lr_ratio = 0.1  # cosine decays to lr * end_lr_ratio
+    c.optim.warmup_steps = 100
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.95
+    c.optim.eps = 1e-8
+    c.optim.weight_decay = 0.1
+    c.optim.clip_norm = 1.0
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # -1: all devices not used by the other axes
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.batch_size = 8
+    c.eval.max_docs = 0  # 0: every document of the split
+
+    c.model = ml_collections.ConfigDict()
+    return c
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+    """Check values that types cannot express.
+
+    Raises:
+      ValueError: naming the first offending field and the accepted range.
+    """
+    def need(ok: bool, field: str, msg: str) -> None:
+        if not ok:
+            raise ValueError(f"config field {field}: {msg}")
+
+    need(cfg.data.seq_len > 0, "data.seq_len", f"must be positive, got {cfg.data.seq_len}")
+    need(cfg.data.doc_align > 0 and cfg.data.seq_len % cfg.data.doc_align == 0, "data.doc_align",
+         f"must be positive and divide data.seq_len={cfg.data.seq_len}, got {cfg.data.doc_align}")
+    need(cfg.data.vocab_size >= 260, "data.vocab_size",
+         f"must be at least 260 (byte fallback needs 256 byte pieces), got {cfg.data.vocab_size}")
+    need(cfg.train.steps > 0, "train.steps", f"must be positive, got {cfg.train.steps}")
+    need(cfg.train.batch_size > 0, "train.batch_size", f"must be positive, got {cfg.train.batch_size}")
+    need(cfg.train.grad_accum > 0 and cfg.train.batch_size % cfg.train.grad_accum == 0,
+         "train.grad_accum", f"must divide train.batch_size={cfg.train.batch_size}, got {cfg.train.grad_accum}")
+    need(cfg.train.compute_dtype in ("float32", "bfloat16"), "train.compute_dtype",
+         f"must be 'float32' or 'bfloat16', got {cfg.train.compute_dtype!r}")
+    need(cfg.optim.lr > 0, "optim.lr", f"must be positive, got {cfg.optim.lr}")
+    need(0 <= cfg.optim.warmup_steps, "optim.warmup_steps", "must be >= 0")
+    for ax in ("data", "fsdp", "tensor"):
+        v = cfg.mesh[ax]
+        need(v == -1 or v >= 1, f"mesh.{ax}", f"must be -1 or >= 1, got {v}")
+    need(cfg.eval.batch_size > 0, "eval.batch_size", "must be positive")
+    need("name" in cfg.model, "model.name", "missing: the config file must set model.name")
