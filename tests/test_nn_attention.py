@@ -1,0 +1,109 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from titans_lm.nn.attention import Attention
+from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID, attention_mask, document_ids, segment_positions
+from titans_lm.nn.rope import apply_rope
+
+P = PERSISTENT_SEGMENT_ID
+D, H = 16, 2
+
+
+def _attn(window=None, seed=0):
+    with nnx.use_eager_sharding(False):
+        return Attention(D, H, window=window, rope_theta=1000.0, init_std=0.3, rngs=nnx.Rngs(seed))
+
+
+def _reference(attn, x, seg, window):
+    """Plain einsum/softmax attention in float64 with the same mask."""
+    with jax.enable_x64(True):
+        x = jnp.asarray(x, jnp.float64)
+        wq, wk, wv, wo = (jnp.asarray(w[...], jnp.float64) for w in (attn.w_q, attn.w_k, attn.w_v, attn.w_o))
+        pos = segment_positions(seg)
+        q = apply_rope(jnp.einsum("btd,dhk->bthk", x, wq), pos, attn.rope_theta)
+        k = apply_rope(jnp.einsum("btd,dhk->bthk", x, wk), pos, attn.rope_theta)
+        v = jnp.einsum("btd,dhk->bthk", x, wv)
+        ids = document_ids(seg)
+        mask = attention_mask(ids, ids, window=window)  # [B,1,T,T]
+        s = jnp.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+        s = jnp.where(mask, s, -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1)
+        o = jnp.einsum("bhts,bshk->bthk", p, v)
+        return np.asarray(jnp.einsum("bthk,hkd->btd", o, wo))
+
+
+SEGS = [
+    np.array([[1] * 12, [1] * 5 + [2] * 4 + [0] * 3]),
+    np.array([[P, P, 1, 1, 1, 1, 1, 2, 2, 2, 0, 0], [P, P] + [3] * 10]),
+]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("seg_i", [0, 1])
+def test_matches_plain_softmax_reference(window, seg_i):
+    attn = _attn(window)
+    seg = jnp.asarray(SEGS[seg_i], jnp.int32)
+    x = jax.random.normal(jax.random.key(1), (2, 12, D))
+    got = attn(x, seg)
+    assert got.shape == (2, 12, D) and got.dtype == jnp.float32
+    np.testing.assert_allclose(got, _reference(attn, x, seg, window), rtol=2e-5, atol=2e-6)
+
+
+def test_sliding_window_forgets_tokens_outside_it():
+    attn, w = _attn(window=4), 4
+    seg = jnp.ones((1, 16), jnp.int32)
+    x = jax.random.normal(jax.random.key(2), (1, 16, D))
+    j = 5
+    y0 = attn(x, seg)
+    y1 = attn(x.at[0, j].add(1.0), seg)
+    changed = np.any(np.asarray(y0 != y1), axis=-1)[0]
+    np.testing.assert_array_equal(changed, [j <= i < j + w for i in range(16)])
+
+
+def test_document_output_equals_document_alone():
+    attn = _attn()
+    x = jax.random.normal(jax.random.key(3), (1, 16, D))
+    seg = jnp.asarray([[1] * 8 + [2] * 8], jnp.int32)
+    packed = attn(x, seg)
+    alone = attn(x[:, 8:], jnp.ones((1, 8), jnp.int32))
+    np.testing.assert_allclose(packed[:, 8:], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_persistent_prefix_visibility():
+    attn = _attn(window=2)
+    seg = jnp.asarray([[P, P, 1, 1, 1, 1, 1, 1]], jnp.int32)
+    x = jax.random.normal(jax.random.key(4), (1, 8, D))
+    y0 = attn(x, seg)
+    # persistent outputs do not depend on real tokens
+    y1 = attn(x.at[0, 2:].add(1.0), seg)
+    np.testing.assert_array_equal(y0[0, :2], y1[0, :2])
+    # every real token (even beyond the window) depends on the first persistent token
+    y2 = attn(x.at[0, 0].add(1.0), seg)
+    assert np.all(np.any(np.asarray(y0[0] != y2[0]), axis=-1))
+
+
+def test_parameters_carry_logical_axes():
+    attn = _attn()
+    specs = nnx.get_partition_spec(nnx.state(attn, nnx.Param))
+    assert tuple(specs["w_q"].get_value()) == ("embed", "heads", "head_dim")
+    assert tuple(specs["w_o"].get_value()) == ("heads", "head_dim", "embed")
+
+
+def test_bfloat16_compute():
+    with nnx.use_eager_sharding(False):
+        attn = Attention(D, H, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(5), (1, 6, D))
+    y = attn(x, jnp.ones((1, 6), jnp.int32))
+    assert y.dtype == jnp.bfloat16 and attn.w_q[...].dtype == jnp.float32
+    assert np.all(np.isfinite(np.asarray(y, np.float32)))
+
+
+def test_bad_shapes_raise():
+    attn = _attn()
+    with pytest.raises(ValueError, match="does not match"):
+        attn(jnp.zeros((1, 4, D)), jnp.ones((1, 5), jnp.int32))
+    with pytest.raises(ValueError, match="divisible"):
+        Attention(10, 3, rngs=nnx.Rngs(0))

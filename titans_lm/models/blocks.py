@@ -1,0 +1,46 @@
+"""Pre-norm residual block shared by every backbone (Transformer++, as in the TTT and Titans papers'
+baselines):
+
+    x <- x + mixer(RMSNorm(x), segment_ids)
+    x <- x + SwiGLU(RMSNorm(x))
+
+The token mixer is any module with ``mixer(x_BTD, segment_ids_BT) -> y_BTD`` (attention, a
+test-time-learning memory, a hybrid), so a backbone is a choice of mixer per block.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from titans_lm.nn.mlp import SwiGLU
+from titans_lm.nn.norm import RMSNorm
+
+
+class Block(nnx.Module):
+    """Pre-norm block: ``block(x_BTD, segment_ids_BT) -> x_BTD``.
+
+    Args:
+      mixer: token mixer module, ``mixer(x_BTD, segment_ids_BT) -> y_BTD``.
+      d_model: D; d_ff: SwiGLU hidden width.
+      norm_eps: RMSNorm epsilon.
+      dtype: compute dtype; param_dtype: parameter storage dtype.
+      init_std: std of the MLP input projections; out_init_std: std of its output projection.
+      rngs: nnx.Rngs.
+
+    Submodules: ``mixer_norm``, ``mixer``, ``mlp_norm``, ``mlp``.
+    """
+
+    def __init__(self, mixer: nnx.Module, *, d_model: int, d_ff: int, norm_eps: float = 1e-6,
+                 dtype=jnp.float32, param_dtype=jnp.float32, init_std: float = 0.02,
+                 out_init_std: float | None = None, rngs: nnx.Rngs):
+        self.mixer_norm = RMSNorm(d_model, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mixer = mixer
+        self.mlp_norm = RMSNorm(d_model, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = SwiGLU(d_model, d_ff, dtype=dtype, param_dtype=param_dtype, init_std=init_std,
+                          out_init_std=out_init_std, rngs=rngs)
+
+    def __call__(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
+        x_BTD = x_BTD + self.mixer(self.mixer_norm(x_BTD), segment_ids_BT).astype(x_BTD.dtype)
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD)).astype(x_BTD.dtype)

@@ -1,0 +1,150 @@
+"""The language-model shell shared by every backbone:
+
+    tokens -> embedding -> [persistent prefix] -> blocks -> RMSNorm -> [strip prefix] -> LM head -> logits
+
+A backbone supplies ``make_mixer(layer, rngs) -> mixer`` (the token mixer of each block) and,
+optionally, a number of persistent-memory tokens (Titans section 3.3). The head is the transposed
+embedding (tied) or a separate [D, V] matrix (untied), by ``tie_embeddings``.
+
+Init (GPT-2/GPT-3 style): embeddings, the untied head and input projections N(0, init_std^2);
+residual-branch output projections (attention's W_O, SwiGLU's W_down) N(0, (init_std /
+sqrt(2 n_layers))^2), see ``titans_lm.nn.init.scaled_out_std``; norm scales 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from titans_lm.models.blocks import Block
+from titans_lm.nn.dtypes import logits_dtype, to_dtype
+from titans_lm.nn.init import normal_param, scaled_out_std
+from titans_lm.nn.norm import RMSNorm
+from titans_lm.nn.persistent import PersistentMemory, strip_persistent
+
+MixerFactory = Callable[[int, nnx.Rngs], nnx.Module]
+
+SHELL_FIELDS = ("name", "vocab_size", "d_model", "n_layers", "d_ff", "tie_embeddings", "dtype",
+                "remat", "norm_eps", "init_std")
+REMAT_MODES = ("none", "block")
+
+
+def check_model_config(model_cfg, fields=SHELL_FIELDS) -> None:
+    """Raise ValueError naming every field of ``fields`` missing from ``model_cfg``."""
+    missing = [f for f in fields if f not in model_cfg]
+    if missing:
+        raise ValueError(f"model config ({model_cfg.get('name', '?')!r}) is missing field(s) "
+                         f"{missing}; set them in configs/<backbone>.py")
+
+
+def count_params(model) -> int:
+    """Number of scalar parameters (``nnx.Param`` leaves) of a model, concrete or abstract."""
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    return int(sum(math.prod(x.shape) for x in leaves))
+
+
+class LanguageModel(nnx.Module):
+    """Decoder-only LM: ``model(tokens_BT, segment_ids_BT) -> logits_BTV``.
+
+    Args:
+      vocab_size: V. d_model: D. n_layers: number of blocks. d_ff: SwiGLU hidden width.
+      make_mixer: ``make_mixer(layer_index, rngs) -> mixer`` with ``mixer(x_BTD, segment_ids_BT)
+        -> y_BTD``; it should use ``scaled_out_std(init_std, n_layers)`` for its output projection.
+      tie_embeddings: LM head = embedding^T (True) or its own [D, V] matrix ("embed", "vocab").
+      norm_eps: RMSNorm epsilon. init_std: base init std.
+      dtype: compute dtype name or dtype ("float32" | "bfloat16" | "float64").
+      param_dtype: parameter dtype (float32; float64 for numerical tests under enable_x64).
+      remat: "none" or "block" (``nnx.remat`` around each block: recompute its activations in the
+        backward pass).
+      n_persistent: number of persistent-memory tokens prepended after the embedding (0 = none).
+      rngs: nnx.Rngs.
+
+    Call:
+      tokens_BT: int [B, T] token ids in [0, V); segment_ids_BT: int [B, T] (0 = padding, a new
+      document wherever the id changes). Returns float32 logits [B, T, V] (float64 when computing in
+      float64). Padding positions get finite logits. Attention and RoPE positions restart at each
+      document start (derived from the segment ids inside the mixers). The residual stream between
+      blocks is float32 whatever the compute dtype.
+
+    Raises:
+      ValueError: on invalid sizes, remat mode or dtype, or on ill-shaped inputs.
+    """
+
+    def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, d_ff: int,
+                 make_mixer: MixerFactory, tie_embeddings: bool = True, norm_eps: float = 1e-6,
+                 init_std: float = 0.02, dtype="float32", param_dtype="float32",
+                 remat: str = "none", n_persistent: int = 0, rngs: nnx.Rngs):
+        for field, v in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers),
+                         ("d_ff", d_ff)):
+            if int(v) < 1:
+                raise ValueError(f"model {field} must be >= 1, got {v}")
+        if remat not in REMAT_MODES:
+            raise ValueError(f"model remat must be one of {REMAT_MODES}, got {remat!r}")
+        if n_persistent < 0:
+            raise ValueError(f"n_persistent must be >= 0, got {n_persistent}")
+        dtype, param_dtype = to_dtype(dtype), to_dtype(param_dtype)
+        self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
+        self.tie_embeddings, self.remat, self.n_persistent = bool(tie_embeddings), remat, n_persistent
+        self.dtype = dtype
+        out_std = scaled_out_std(init_std, n_layers)
+        self.embed = nnx.Embed(
+            vocab_size, d_model, dtype=logits_dtype(dtype), param_dtype=param_dtype,
+            embedding_init=nnx.with_partitioning(nnx.initializers.normal(init_std), ("vocab", "embed")),
+            rngs=rngs)
+        self.persistent = (PersistentMemory(n_persistent, d_model, init_std=init_std,
+                                            param_dtype=param_dtype, rngs=rngs)
+                           if n_persistent else None)
+        self.blocks = nnx.List([
+            Block(make_mixer(i, rngs), d_model=d_model, d_ff=d_ff, norm_eps=norm_eps, dtype=dtype,
+                  param_dtype=param_dtype, init_std=init_std, out_init_std=out_std, rngs=rngs)
+            for i in range(n_layers)])
+        self.final_norm = RMSNorm(d_model, eps=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.head = (None if self.tie_embeddings else
+                     normal_param(rngs, (d_model, vocab_size), init_std, ("embed", "vocab"), param_dtype))
+
+    @classmethod
+    def from_config(cls, model_cfg, make_mixer: MixerFactory, *, rngs: nnx.Rngs,
+                    n_persistent: int = 0) -> "LanguageModel":
+        """Build from the shell fields of a model config (see ``SHELL_FIELDS``; ``param_dtype``
+        optional, default float32)."""
+        check_model_config(model_cfg)
+        return cls(vocab_size=model_cfg.vocab_size, d_model=model_cfg.d_model,
+                   n_layers=model_cfg.n_layers, d_ff=model_cfg.d_ff, make_mixer=make_mixer,
+                   tie_embeddings=model_cfg.tie_embeddings, norm_eps=model_cfg.norm_eps,
+                   init_std=model_cfg.init_std, dtype=model_cfg.dtype,
+                   param_dtype=model_cfg.get("param_dtype", "float32"), remat=model_cfg.remat,
+                   n_persistent=n_persistent, rngs=rngs)
+
+    def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
+        tokens_BT, segment_ids_BT = jnp.asarray(tokens_BT), jnp.asarray(segment_ids_BT)
+        if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
+            raise ValueError(f"tokens must be an integer array [B, T], got {tokens_BT.dtype} "
+                             f"{tokens_BT.shape}")
+        if segment_ids_BT.shape != tokens_BT.shape:
+            raise ValueError(f"segment_ids shape {segment_ids_BT.shape} differs from tokens shape "
+                             f"{tokens_BT.shape}")
+        # The residual stream is kept in float32 (float64 in float64 mode) even when computing in
+        # bfloat16 (the embedding lookup is done in that dtype): the norms, mixers and MLPs run in
+        # the compute dtype, their outputs are added to the stream at full precision.
+        x_BTD = self.embed(tokens_BT)
+        if self.persistent is not None:
+            x_BTD, segment_ids_BT = self.persistent(x_BTD, segment_ids_BT)
+        for block in self.blocks:
+            if self.remat == "block":
+                x_BTD = nnx.remat(lambda blk, x, s: blk(x, s))(block, x_BTD, segment_ids_BT)
+            else:
+                x_BTD = block(x_BTD, segment_ids_BT)
+        x_BTD = self.final_norm(x_BTD)
+        if self.persistent is not None:
+            x_BTD = strip_persistent(x_BTD, self.n_persistent)
+        out_dt = logits_dtype(self.dtype)
+        x_BTD = x_BTD.astype(self.dtype)
+        if self.tie_embeddings:
+            return jnp.einsum("btd,vd->btv", x_BTD, self.embed.embedding[...].astype(self.dtype),
+                              preferred_element_type=out_dt)
+        return jnp.einsum("btd,dv->btv", x_BTD, self.head[...].astype(self.dtype),
+                          preferred_element_type=out_dt)
