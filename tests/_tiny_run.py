@@ -1,0 +1,78 @@
+"""Shared set-up for the trainer, checkpoint, CLI and evaluation tests: a tiny Transformer++ run
+on tinyshakespeare (vocabulary 320, T = 64, d_model 32, 2 layers), built from the real
+``configs/transformer.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_FILE = REPO / "configs" / "transformer.py"
+VOCAB = 320
+
+# The same settings as command-line overrides (for the CLI tests).
+OVERRIDES = {
+    "data.corpus": "tinyshakespeare", "data.vocab_size": VOCAB, "model.vocab_size": VOCAB,
+    "data.seq_len": 64, "model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2,
+    "model.d_ff": 64, "train.batch_size": 8, "train.steps": 6, "train.log_every": 1,
+    "train.eval_every": 3, "train.eval_batches": 2, "train.ckpt_every": 3, "eval.batch_size": 8,
+    "eval.max_docs": 2, "optim.warmup_steps": 2, "mesh.data": 1,
+}
+
+
+def load_config(size: str = "tiny"):
+    spec = importlib.util.spec_from_file_location("transformer_config", CONFIG_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(size)
+
+
+def tiny_config(cache_dir: str | Path, **changes):
+    """The tiny run config; ``changes`` maps "section.field" (dots as "__") to values."""
+    cfg = load_config("tiny")
+    for key, value in {**OVERRIDES, "data.cache_dir": str(cache_dir)}.items():
+        section, field = key.split(".")
+        cfg[section][field] = value
+    for key, value in changes.items():
+        section, field = key.split("__")
+        cfg[section][field] = value
+    return cfg
+
+
+def cli_args(cache_dir: str | Path, workdir: str | Path, **changes) -> list[str]:
+    """``titans-lm train`` arguments for the tiny run."""
+    merged = {**OVERRIDES, "data.cache_dir": str(cache_dir)}
+    merged.update({k.replace("__", "."): v for k, v in changes.items()})
+    return ([f"--config={CONFIG_FILE}:tiny"] + [f"--config.{k}={v}" for k, v in merged.items()]
+            + [f"--workdir={workdir}"])
+
+
+def run_cli(args: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    """Run ``python -m titans_lm.cli <args>`` on one CPU device."""
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=kw.pop("cwd", REPO), **kw)
+
+
+def random_batch(batch_size: int, seq_len: int, seed: int = 0, vocab: int = VOCAB) -> dict:
+    """Random tokens with two documents per row (boundary at 32) and 5 padding positions."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(4, vocab, (batch_size, seq_len + 1)).astype(np.int32)
+    segs = np.ones((batch_size, seq_len + 1), np.int32)
+    segs[:, 32:] = 2
+    segs[:, -5:] = 0
+    tokens[:, 0] = tokens[:, 32] = 2  # BOS at each document start
+    tokens[segs == 0] = 0
+    return {"tokens": tokens, "segment_ids": segs}
+
+
+def tree_max_abs_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))

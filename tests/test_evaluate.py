@@ -1,0 +1,102 @@
+"""evaluate(): perplexities of a trained tiny run equal a direct float64 computation."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _tiny_run import tiny_config
+from titans_lm.config import BOS_ID, PAD_ID
+from titans_lm.data.corpora import load_documents
+from titans_lm.data.prepare import prepare
+from titans_lm.eval.evaluate import evaluate
+from titans_lm.train.checkpoint import Checkpointer
+from titans_lm.train.loop import train
+from titans_lm.train.state import model_fns
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    cfg = tiny_config(root / "cache", train__steps=3, train__eval_every=100)
+    train(cfg, root / "run", progress=False)
+    return cfg, root / "run"
+
+
+def _log_softmax64(logits):
+    logits = np.asarray(logits, np.float64)
+    m = logits.max(-1, keepdims=True)
+    return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+
+
+def _direct_nll(apply, params, tokens, T):
+    """Summed float64 nll of tokens[1:]: the full windows of T targets as one batch, the last
+    partial window on its own at its true length (no padding involved)."""
+    n_full = (len(tokens) - 1) // T
+    total = 0.0
+    if n_full:
+        win = np.stack([tokens[i * T:i * T + T + 1] for i in range(n_full)])
+        x = jnp.asarray(win[:, :-1])
+        logp = _log_softmax64(apply(params, x, jnp.ones_like(x)))
+        total -= np.take_along_axis(logp, win[:, 1:, None].astype(np.int64), -1).sum()
+    rest = tokens[n_full * T:]
+    if len(rest) > 1:
+        x = jnp.asarray(rest[None, :-1])
+        logp = _log_softmax64(apply(params, x, jnp.ones_like(x)))[0]
+        total -= logp[np.arange(len(rest) - 1), rest[1:]].sum()
+    return total
+
+
+def test_evaluate_matches_direct_computation(run):
+    cfg, workdir = run
+    results = evaluate(workdir, split="validation", log=lambda s: None, progress=False)
+    assert set(results) == {"tinyshakespeare-validation", "wikitext2-test"}
+
+    prep = prepare(cfg.data, splits=("train",), log=None)
+    fns = model_fns(cfg.model)
+    with Checkpointer(workdir, read_only=True) as ck:
+        abstract = fns.abstract_params()
+        params, step = ck.restore_params(abstract)
+    assert step == 3
+    apply = jax.jit(fns.apply)
+    train_tokens = np.asarray(prep.stores["train"].tokens)
+    counts = np.bincount(train_tokens, minlength=cfg.model.vocab_size).astype(np.float64)
+    counts[PAD_ID] = counts[BOS_ID] = 0
+    uni_logp = np.log((counts + 1) / (counts.sum() + cfg.model.vocab_size))
+
+    for name, corpus, split in (("tinyshakespeare-validation", "tinyshakespeare", "validation"),
+                                ("wikitext2-test", "wikitext-2", "test")):
+        docs = load_documents(corpus, split, cfg.data.data_dir)[:cfg.eval.max_docs]
+        nll = n_tok = uni = 0.0
+        words = nbytes = 0
+        for d in docs:
+            toks = prep.tokenizer.encode_array(d.text, add_bos=True)
+            nll += _direct_nll(apply, params, toks, cfg.data.seq_len)
+            uni -= uni_logp[toks[1:]].sum()
+            n_tok += len(toks) - 1
+            words += len(d.text.split())
+            nbytes += len(d.text.encode("utf-8"))
+        r = results[name]
+        assert r["n_docs"] == len(docs) and r["step"] == 3
+        m = r["model"]
+        assert m["n_tokens"] == n_tok and m["n_words"] == words and m["n_bytes"] == nbytes
+        np.testing.assert_allclose(m["nll_nats"], nll, rtol=2e-6)
+        np.testing.assert_allclose(m["token_ppl"], math.exp(nll / n_tok), rtol=2e-6)
+        np.testing.assert_allclose(m["word_ppl"], math.exp(nll / words), rtol=1e-4)
+        np.testing.assert_allclose(m["bits_per_byte"], nll / nbytes / math.log(2), rtol=2e-6)
+        np.testing.assert_allclose(r["unigram"]["nll_nats"], uni, rtol=1e-9)
+        assert r["unigram"]["n_tokens"] == n_tok
+        saved = json.loads((workdir / f"eval_{name}.json").read_text())
+        assert saved["model"] == m
+
+
+def test_table_lists_each_dataset(run):
+    cfg, workdir = run
+    lines = []
+    evaluate(workdir, wikitext=False, log=lines.append, progress=False)
+    table = "\n".join(lines)
+    assert "checkpoint step 3" in table and "tinyshakespeare-test" in table
+    assert "wikitext2-test" not in table

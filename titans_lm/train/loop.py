@@ -1,0 +1,364 @@
+"""The training loop: ``train(cfg, workdir)``.
+
+Order of work: validate the config, prepare the data (tokenizer and token stores, cached), build
+the mesh, the model description, the optimiser and the checkpoint manager; resume from the newest
+checkpoint in ``<workdir>/checkpoints`` (refusing one written by a different model/data config)
+or initialise from ``train.seed``; compile the step ahead of time; then step.
+
+Per step: draw the next batch from the grain iterator, place it on the mesh, run the jitted
+``train_step`` (state donated). Metrics are read back one step late, so the host prepares step
+s+1 while the device runs step s; before every checkpoint the current step's loss is read and
+checked, so a saved state always follows only finite losses.
+
+Stopping:
+
+- ``train.steps`` reached: final checkpoint, status ``"completed"``.
+- SIGTERM or Ctrl-C (SIGINT): the current step finishes, a checkpoint is saved and awaited, a
+  message says how to resume, status ``"interrupted"`` (the CLI then exits with 128 + the signal
+  number: 143 for SIGTERM, 130 for Ctrl-C, so shells and job schedulers see an unfinished run).
+  A second Ctrl-C is not intercepted: it raises KeyboardInterrupt at once (the CLI exits with
+  130). A save already started is still completed on the way out; if the process dies during
+  it, orbax's atomic rename discards the partial checkpoint and the previous one stays valid.
+- ``stop_at_step``: like an interruption at that step (status ``"stopped"``); used to split a run.
+- A non-finite loss: :class:`NonFiniteLossError` naming the step; nothing is saved after it, the
+  newest checkpoint on disk is the last good one.
+
+Resuming is exact: the parameters, optimiser state, step and RNG come from the checkpoint, and so
+does the data iterator's position, so N steps + restart + N steps equal 2N steps straight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from titans_lm.config import validate
+from titans_lm.train import sharding as shd
+from titans_lm.train.checkpoint import Checkpointer
+from titans_lm.train.optimizer import make_optimizer
+from titans_lm.train.state import abstract_state, count_params, init_state, model_fns, state_shardings
+from titans_lm.train.step import jit_eval_step, jit_train_step
+from titans_lm.train.writers import MetricWriter
+
+Log = Callable[[str], None]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a call to :func:`train` did.
+
+    Attributes:
+      status: "completed", "interrupted" (a signal), or "stopped" (``stop_at_step``).
+      step: the step of the final state (updates applied).
+      workdir: the run directory.
+      losses: step -> training loss of the steps run by this call (step s = the loss of the
+        update that produced state s).
+      val_losses: step -> validation loss of the evaluations run by this call.
+      signal: the signal number for "interrupted", else None.
+    """
+    status: str
+    step: int
+    workdir: Path
+    losses: dict[int, float] = dataclasses.field(default_factory=dict)
+    val_losses: dict[int, float] = dataclasses.field(default_factory=dict)
+    signal: int | None = None
+
+
+def check_train_config(cfg: ml_collections.ConfigDict) -> None:
+    """:func:`titans_lm.config.validate` plus the checks that involve several sections.
+
+    Raises:
+      ValueError: naming the offending fields.
+    """
+    validate(cfg)
+    if "vocab_size" not in cfg.model:
+        raise ValueError("config field model.vocab_size: missing; the config file must set it")
+    if cfg.data.vocab_size != cfg.model.vocab_size:
+        raise ValueError(f"config fields data.vocab_size={cfg.data.vocab_size} and "
+                         f"model.vocab_size={cfg.model.vocab_size} must agree")
+    for name in ("log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
+        if cfg.train[name] < 1:
+            raise ValueError(f"config field train.{name}: must be >= 1, got {cfg.train[name]}")
+
+
+def check_mesh_fits(cfg: ml_collections.ConfigDict, mesh) -> None:
+    """The global batch must split evenly over processes and, per micro-batch, over the batch axes.
+
+    Raises:
+      ValueError: naming train.batch_size, train.grad_accum and the mesh sizes.
+    """
+    n = shd.batch_divisor(mesh)
+    micro = cfg.train.batch_size // cfg.train.grad_accum
+    if cfg.train.batch_size % jax.process_count() or micro % n:
+        raise ValueError(
+            f"config field train.batch_size={cfg.train.batch_size} with train.grad_accum="
+            f"{cfg.train.grad_accum} gives micro-batches of {micro} rows, which must be a multiple "
+            f"of mesh data*fsdp = {n} (and the batch a multiple of {jax.process_count()} processes)")
+
+
+def validation_batches(store, *, seq_len: int, batch_size: int, n_batches: int, multiple: int
+                       ) -> list[dict[str, np.ndarray]]:
+    """A fixed set of validation batches: ``n_batches * batch_size`` evaluation windows taken at
+    evenly spaced positions among all windows of the split's documents (deterministic).
+
+    Rows are the windows of :func:`titans_lm.eval.windows.document_windows`; the batch is padded with
+    all-padding rows (weight 0) up to a multiple of ``multiple`` (the batch shards).
+    """
+    from titans_lm.eval.windows import document_windows
+    rows = [document_windows(store.doc_tokens(d), seq_len, segment_id=d + 1)
+            for d in range(store.num_docs)]
+    tokens = np.concatenate([r[0] for r in rows])
+    segs = np.concatenate([r[1] for r in rows])
+    want = min(n_batches * batch_size, len(tokens))
+    pick = np.unique(np.linspace(0, len(tokens) - 1, want).round().astype(np.int64))
+    tokens, segs = tokens[pick], segs[pick]
+    bsz = -(-batch_size // multiple) * multiple
+    out = []
+    for i in range(0, len(tokens), batch_size):
+        t, s = tokens[i:i + batch_size], segs[i:i + batch_size]
+        pad = bsz - len(t)
+        out.append({"tokens": np.pad(t, ((0, pad), (0, 0))),
+                    "segment_ids": np.pad(s, ((0, pad), (0, 0)))})
+    return out
+
+
+def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This process's contiguous share of a batch that every process built whole."""
+    p, n = jax.process_index(), jax.process_count()
+    return {k: np.array_split(v, n)[p] for k, v in batch.items()}
+
+
+class _StopFlag:
+    """Records SIGTERM / SIGINT instead of dying; restores the previous handlers on exit."""
+
+    def __init__(self, log: Log):
+        self.signum: int | None = None
+        self._log = log
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame):
+        del frame
+        if self.signum is None:
+            self.signum = signum
+            self._log(f"\nreceived {signal.Signals(signum).name}: finishing the current step, then "
+                      "saving a checkpoint (a second Ctrl-C interrupts at once)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __enter__(self) -> "_StopFlag":
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _default_log(msg: str) -> None:
+    tqdm.write(msg, file=sys.stderr)
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
+          stop_at_step: int | None = None, log: Log = _default_log,
+          progress: bool = True) -> TrainResult:
+    """Train (or resume training) the model of ``cfg`` in ``workdir``.
+
+    Args:
+      cfg: the full run config (``titans_lm.config.base_config`` + a backbone's model section).
+      workdir: run directory; holds ``checkpoints/``, ``metrics.jsonl`` and ``tb/``.
+      stop_at_step: stop (with a checkpoint) once this step is reached, before ``train.steps``.
+      log: sink for messages (default: printed above the progress bar).
+      progress: show the tqdm progress bar.
+
+    Returns:
+      a :class:`TrainResult`.
+
+    Raises:
+      ValueError: an invalid config (naming the field), or data problems from
+        ``titans_lm.data.prepare``.
+      FileNotFoundError: a missing data file.
+      titans_lm.train.checkpoint.CheckpointError: the workdir's checkpoint is unreadable or was
+        written with a different config.
+      NonFiniteLossError: the loss became NaN/inf (naming the step).
+    """
+    from titans_lm.data.pipeline import make_train_iterator
+    from titans_lm.data.prepare import prepare
+
+    check_train_config(cfg)
+    workdir = Path(workdir).resolve()
+    primary = jax.process_index() == 0
+    mesh = shd.make_mesh(cfg.mesh)
+    check_mesh_fits(cfg, mesh)
+    tcfg = cfg.train
+    T = int(cfg.data.seq_len)
+
+    data = prepare(cfg.data, splits=("train", "validation"), log=log if primary else None)
+    fns = model_fns(cfg.model)
+    log(f"model {cfg.model.name}: {count_params(fns):,} parameters; mesh "
+        f"{dict(mesh.shape)} over {mesh.size} {jax.devices()[0].platform} device(s)")
+    tx, schedule = make_optimizer(cfg.optim, tcfg.steps)
+    it = make_train_iterator(data.stores["train"], seq_len=T, batch_size=tcfg.batch_size,
+                             seed=cfg.data.shuffle_seed, doc_align=cfg.data.doc_align,
+                             shard_index=jax.process_index(), shard_count=jax.process_count())
+
+    ckpt = Checkpointer(workdir, keep=tcfg.keep_checkpoints)
+    try:
+        latest = ckpt.latest_step()
+        if latest is not None:
+            ckpt.check_config(cfg, latest)
+            state, it_state, _ = ckpt.restore(abstract_state(fns, tx, mesh), latest)
+            if it_state is None:
+                raise ValueError(f"checkpoint {latest} in {workdir} holds no data-iterator state")
+            it.set_state(it_state)
+            log(f"resuming from the checkpoint at step {latest} in {ckpt.directory}")
+        else:
+            state = init_state(cfg.model, fns, tx, mesh, tcfg.seed)
+        return _run(cfg, workdir, state, it, ckpt, fns, tx, schedule, mesh, data, stop_at_step,
+                    log, progress and primary)
+    finally:
+        ckpt.close()
+
+
+def _run(cfg, workdir: Path, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh,
+         data, stop_at_step: int | None, log: Log, progress: bool) -> TrainResult:
+    tcfg = cfg.train
+    start = int(jax.device_get(state.step))
+    result = TrainResult(status="completed", step=start, workdir=workdir)
+    end = tcfg.steps if stop_at_step is None else min(tcfg.steps, stop_at_step)
+    if start >= end:
+        log(f"nothing to do: the checkpoint is at step {start}, the run ends at step {end}")
+        result.status = "completed" if start >= tcfg.steps else "stopped"
+        return result
+
+    # From here on SIGTERM / Ctrl-C only raise a flag, checked after each step.
+    with _StopFlag(log) as stop:
+        return _steps(cfg, state, it, ckpt, fns, tx, schedule, mesh, data, start, end, result,
+                      stop, log, progress)
+
+
+def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh, data,
+           start: int, end: int, result: TrainResult, stop: _StopFlag, log: Log,
+           progress: bool) -> TrainResult:
+    tcfg = cfg.train
+    T = int(cfg.data.seq_len)
+    state_sh = state_shardings(fns, tx, mesh)
+    step_fn = jit_train_step(fns, tx, schedule, state_sh, mesh, grad_accum=tcfg.grad_accum,
+                             compute_dtype=tcfg.compute_dtype)
+    batch_spec = {k: jax.ShapeDtypeStruct((tcfg.batch_size, T + 1), np.int32,
+                                          sharding=shd.batch_sharding(mesh))
+                  for k in ("tokens", "segment_ids")}
+    t0 = time.perf_counter()
+    compiled = step_fn.lower(state, batch_spec).compile()
+    log(f"train step compiled in {time.perf_counter() - t0:.1f}s")
+    eval_fn = jit_eval_step(fns, state_sh.params, mesh)
+    val = validation_batches(data.stores["validation"], seq_len=T, batch_size=cfg.eval.batch_size,
+                             n_batches=tcfg.eval_batches, multiple=shd.batch_divisor(mesh))
+
+    writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0)
+    # A live bar on a terminal; otherwise (logs, pipes) one plain line every log_every steps.
+    use_bar = progress and sys.stderr.isatty()
+    bar = tqdm(total=tcfg.steps, initial=start, disable=not use_bar, dynamic_ncols=True,
+               mininterval=1.0, unit="step")
+    t_start = time.perf_counter()
+    tokens_per_step = tcfg.batch_size * T
+    last_saved = start if ckpt.latest_step() == start else None
+    pending: list = []  # [(step, device metrics)] not yet read back
+    clock = {"t": time.perf_counter()}
+
+    def drain() -> None:
+        """Read back pending metrics; stop on a non-finite loss; log."""
+        while pending:
+            s, m = pending.pop(0)
+            m = {k: float(v) for k, v in jax.device_get(m).items()}
+            if not math.isfinite(m["loss"]):
+                good = ckpt.latest_step()
+                where = (f"the last good checkpoint (step {good}) is kept in {ckpt.directory}"
+                         if good is not None else "no checkpoint was written")
+                raise NonFiniteLossError(
+                    f"non-finite loss ({m['loss']}) at step {s}; training stopped and this state "
+                    f"was not saved; {where}. Lower optim.lr or raise optim.warmup_steps")
+            now = time.perf_counter()
+            tps = tokens_per_step / max(now - clock["t"], 1e-9)
+            clock["t"] = now
+            result.losses[s] = m["loss"]
+            bar.update(1)
+            bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+            if s % tcfg.log_every == 0 or s == end:
+                writer.write(s, {**m, "tokens_per_sec": tps}, "train")
+                if progress and not use_bar:
+                    rate = (now - t_start) / max(s - start, 1)
+                    log(f"step {s}/{tcfg.steps}: loss {m['loss']:.4f}, {tps:,.0f} tokens/s, "
+                        f"lr {m['lr']:.3g}, ETA {_hms(rate * (tcfg.steps - s))}")
+
+    def validate_now(s: int) -> None:
+        nll, n = 0.0, 0.0
+        for b in val:
+            a, c = eval_fn(state.params, shd.put_batch(_local_rows(b), mesh))
+            nll, n = nll + float(a), n + float(c)
+        loss = nll / max(n, 1.0)
+        result.val_losses[s] = loss
+        writer.write(s, {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))}, "val")
+        log(f"step {s}: validation loss {loss:.4f} (ppl {math.exp(min(loss, 700.0)):.2f}) "
+            f"on {int(n):,} tokens")
+
+    def save(s: int) -> None:
+        nonlocal last_saved
+        if last_saved != s:
+            ckpt.save(s, state, it.get_state(), cfg)
+            last_saved = s
+
+    try:
+        for s in range(start + 1, end + 1):
+            batch = shd.put_batch(next(it), mesh)
+            state, metrics = compiled(state, batch)
+            drain()  # the previous step's metrics, while this one runs
+            pending.append((s, metrics))
+            due_ckpt = s % tcfg.ckpt_every == 0 or s == end or stop.signum is not None
+            if due_ckpt or s % tcfg.eval_every == 0:
+                drain()
+            if s % tcfg.eval_every == 0 or s == tcfg.steps:
+                validate_now(s)
+            if due_ckpt:
+                save(s)
+            if due_ckpt or s % tcfg.eval_every == 0:
+                clock["t"] = time.perf_counter()  # throughput excludes evaluation and saving
+            result.step = s
+            if stop.signum is not None:
+                ckpt.wait()
+                result.status, result.signal = "interrupted", stop.signum
+                log(f"stopped by {signal.Signals(stop.signum).name} at step {s}; checkpoint "
+                    f"saved in {ckpt.directory}. Run the same command again to resume.")
+                break
+        else:
+            drain()
+            save(end)
+            ckpt.wait()
+            if end < tcfg.steps:
+                result.status = "stopped"
+                log(f"stopped at step {end} as asked; checkpoint saved in {ckpt.directory}")
+    finally:
+        bar.close()
+        writer.close()
+        ckpt.wait()
+    return result

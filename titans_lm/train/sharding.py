@@ -1,0 +1,204 @@
+"""Device mesh, the logical-axis table, and the shardings of parameters and batches.
+
+Parallelism is declared as data. Parameters carry *logical* axis names (``vocab``, ``embed``,
+``mlp``, ``heads``, ``head_dim``, ``memory``; see the contract in ``titans_lm/models``), set with
+``nnx.with_partitioning``. One table, :data:`LOGICAL_AXIS_RULES`, maps each logical name to a mesh
+axis; the mesh has three axes:
+
+- ``data``: pure data parallelism (parameters replicated, batch split);
+- ``fsdp``: the batch is split *and* parameters are sharded along their ``embed`` axis
+  (ZeRO-3 style; XLA all-gathers them for each use and reduce-scatters the gradients);
+- ``tensor``: Megatron-style tensor parallelism over ``vocab``/``mlp``/``heads``.
+
+The mesh uses ``AxisType.Auto`` axes (the GSPMD style): the step is jitted with in/out shardings
+and the compiler propagates the shardings of the intermediates. Fallbacks keep every parameter
+legal: a logical name mapped to an axis that does not divide that dimension, or to an axis
+already used by an earlier dimension of the same parameter, leaves that dimension replicated; a
+parameter whose annotation does not match its rank is replicated whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# The one sharding table: logical parameter axis -> mesh axis (None: replicated).
+# "head_dim" stays whole so each head's q/k/v live on one device; "memory" (the inner-loop
+# memory's own hidden axes) stays whole because the memory is updated chunk by chunk inside a
+# scan, where a sharded hidden axis would cost collectives at every chunk.
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("head_dim", None),
+    ("memory", None),
+)
+
+# The batch dimension is split over both data-parallel axes.
+BATCH_AXES = ("data", "fsdp")
+
+_log = logging.getLogger(__name__)
+
+
+def mesh_shape(mesh_cfg: Mapping[str, int], n_devices: int) -> tuple[int, int, int]:
+    """Resolve the ``(data, fsdp, tensor)`` sizes of ``mesh_cfg`` for ``n_devices`` devices.
+
+    At most one axis may be -1; it takes the devices the other axes leave. Without a -1 the
+    product may be smaller than ``n_devices`` (the mesh then uses the first devices only).
+
+    Raises:
+      ValueError: more than one -1, fixed sizes that do not divide ``n_devices``, or a product
+        larger than ``n_devices``.
+    """
+    sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
+    free = [a for a, s in zip(MESH_AXES, sizes) if s == -1]
+    if len(free) > 1:
+        raise ValueError(f"mesh: at most one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+    fixed = math.prod(s for s in sizes if s != -1)
+    if free:
+        if n_devices % fixed:
+            raise ValueError(f"mesh: the fixed axes {dict(zip(MESH_AXES, sizes))} use {fixed} devices, "
+                             f"which does not divide the {n_devices} available")
+        sizes[MESH_AXES.index(free[0])] = n_devices // fixed
+    elif fixed > n_devices:
+        raise ValueError(f"mesh: data*fsdp*tensor = {fixed} but there are only {n_devices} devices")
+    return tuple(sizes)  # type: ignore[return-value]
+
+
+def make_mesh(mesh_cfg: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ``(data, fsdp, tensor)`` mesh with Auto axes over ``devices`` (default: all devices;
+    a mesh smaller than the device list takes its first devices).
+
+    Raises:
+      ValueError: see :func:`mesh_shape`.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(mesh_cfg, len(devices))
+    if math.prod(shape) < len(devices):
+        _log.warning("mesh %s uses %d of the %d devices", shape, math.prod(shape), len(devices))
+        devices = devices[:math.prod(shape)]
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices)
+
+
+def logical_to_mesh_spec(logical: Sequence[str | None] | None, shape: Sequence[int], mesh: Mesh,
+                         rules: Sequence[tuple[str, str | None]] = LOGICAL_AXIS_RULES) -> P:
+    """Map one parameter's logical axis names to a mesh ``PartitionSpec`` (with the fallbacks).
+
+    Args:
+      logical: one name (or None) per dimension, or None for an unannotated parameter.
+      shape: the parameter's shape.
+      mesh: the device mesh.
+      rules: (logical name, mesh axis or None) pairs.
+
+    Raises:
+      ValueError: a logical name that the rules do not know.
+    """
+    if not logical:
+        return P()
+    table = dict(rules)
+    if len(logical) != len(shape):
+        _log.warning("parameter of shape %s annotated with %s (rank differs): replicated",
+                     tuple(shape), tuple(logical))
+        return P()
+    out, used = [], set()
+    for name, dim in zip(logical, shape):
+        if name is None:
+            out.append(None)
+            continue
+        if name not in table:
+            raise ValueError(f"logical axis name {name!r} has no rule; known names: {sorted(table)}")
+        axis = table[name]
+        if axis is None or mesh.shape[axis] == 1 or axis in used or dim % mesh.shape[axis]:
+            out.append(None)
+            continue
+        used.add(axis)
+        out.append(axis)
+    return P(*out)
+
+
+def param_logical_axes(state: nnx.State) -> Any:
+    """The logical names of each parameter of an ``nnx.State``, as a pure-dict tree.
+
+    Each leaf is a ``PartitionSpec`` of *logical* names (not yet mesh axes), ``P()`` for a
+    parameter without ``nnx.with_partitioning`` metadata. Read outside any
+    ``nnx.logical_axis_rules`` context, so the names come back unresolved.
+    """
+    return nnx.to_pure_dict(nnx.get_partition_spec(state))
+
+
+def param_shardings(abstract_params: Any, logical_axes: Any, mesh: Mesh) -> Any:
+    """NamedSharding tree for a pure-dict parameter tree.
+
+    Args:
+      abstract_params: pure-dict tree of arrays or ``jax.ShapeDtypeStruct``.
+      logical_axes: the matching tree of logical ``PartitionSpec`` (:func:`param_logical_axes`).
+      mesh: the device mesh.
+    """
+    return jax.tree.map(
+        lambda x, names: NamedSharding(mesh, logical_to_mesh_spec(tuple(names), x.shape, mesh)),
+        abstract_params, logical_axes)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Sharding of a value held whole on every device (scalars, RNG keys, counters)."""
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of a ``[B, ...]`` batch: B split over ``data`` x ``fsdp``."""
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def batch_divisor(mesh: Mesh) -> int:
+    """The number of batch shards; per-step (micro-)batches must be a multiple of it."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Assemble this process's numpy batch into global arrays sharded over the batch axes.
+
+    On one host this is a sharded ``device_put``; on several, each host passes its own rows
+    (its shard of the global batch) and the result is the global batch.
+    """
+    sharding = batch_sharding(mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in batch.items()}
+
+
+def maybe_initialize_distributed() -> bool:
+    """Call ``jax.distributed.initialize()`` when the environment describes a multi-host job.
+
+    It must run before anything else touches JAX (the CLI calls it first). Recognised:
+    ``JAX_COORDINATOR_ADDRESS`` (+ ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``), or a cluster
+    that JAX detects itself: SLURM (``SLURM_NTASKS`` > 1), Open MPI (``OMPI_COMM_WORLD_SIZE`` > 1),
+    multi-host TPU slices (``TPU_WORKER_HOSTNAMES`` listing several hosts). On a single host it
+    does nothing.
+
+    Returns:
+      True when it initialised the distributed runtime.
+    """
+    env = os.environ
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize(
+            coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
+            num_processes=int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env else None,
+            process_id=int(env["JAX_PROCESS_ID"]) if "JAX_PROCESS_ID" in env else None)
+        return True
+    multi = (int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+             or "," in env.get("TPU_WORKER_HOSTNAMES", ""))
+    if multi:
+        jax.distributed.initialize()
+        return True
+    return False

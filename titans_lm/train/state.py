@@ -1,0 +1,146 @@
+"""The train state (a plain pytree) and how it is built, sharded and described abstractly.
+
+The model is an ``nnx.Module``; training works on its split form. ``nnx.split`` gives a static
+graph definition and the parameters; the parameters travel as a *pure dict* of float32 arrays
+(``nnx.to_pure_dict``), which jit, optax and orbax all handle as an ordinary pytree. The module
+is rebuilt inside the jitted step with :meth:`ModelFns.apply`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from titans_lm.train import sharding as shd
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a train step reads and writes.
+
+    Attributes:
+      params: pure-dict tree of float32 parameters (the master copy).
+      opt_state: the optax state (AdamW moments, counters), float32.
+      step: int32 scalar, the number of optimiser updates applied so far.
+      rng: uint32[2] raw PRNG key, split once per step (for stochastic layers; carried so that a
+        resumed run continues the same random stream).
+    """
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFns:
+    """The static parts of a model: graph definition, parameter template, non-parameter state.
+
+    Attributes:
+      graphdef: ``nnx.GraphDef`` of the module.
+      template: ``nnx.State`` of the parameters holding ``ShapeDtypeStruct`` (no data).
+      rest: ``nnx.State`` of everything that is not an ``nnx.Param`` (constants of the module).
+      logical_axes: pure-dict tree of logical ``PartitionSpec`` per parameter.
+    """
+    graphdef: Any
+    template: Any
+    rest: Any
+    logical_axes: Any
+
+    def module(self, params: Any) -> nnx.Module:
+        """Rebuild the module with ``params`` (a pure dict) in place of the template's values."""
+        state = jax.tree.map(lambda x: x, self.template)  # fresh Variables
+        nnx.replace_by_pure_dict(state, params)
+        return nnx.merge(self.graphdef, state, self.rest)
+
+    def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
+        """``logits_BTV`` (float32) of the model with ``params`` on int32 ``[B, T]`` inputs."""
+        with nnx.use_eager_sharding(False):
+            return self.module(params)(tokens_BT, segment_ids_BT).astype(jnp.float32)
+
+    def abstract_params(self) -> Any:
+        """Pure-dict tree of ``ShapeDtypeStruct`` for the parameters."""
+        return nnx.to_pure_dict(self.template)
+
+
+def _build(model_cfg: ml_collections.ConfigDict, seed: int) -> nnx.Module:
+    from titans_lm.models import build_model  # imported lazily: the registry imports every backbone
+    with nnx.use_eager_sharding(False):
+        return build_model(model_cfg, rngs=nnx.Rngs(seed))
+
+
+def model_fns(model_cfg: ml_collections.ConfigDict) -> ModelFns:
+    """Describe the model of ``model_cfg`` without allocating its parameters."""
+    with nnx.use_eager_sharding(False):
+        abstract = nnx.eval_shape(lambda: _build(model_cfg, 0))
+    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    if jax.tree.leaves(rest):
+        # Non-parameter variables are treated as constants of the module; materialise them once.
+        rest = nnx.split(_build(model_cfg, 0), nnx.Param, ...)[2]
+    return ModelFns(graphdef=graphdef, template=params, rest=rest,
+                    logical_axes=shd.param_logical_axes(params))
+
+
+def count_params(fns: ModelFns) -> int:
+    """Number of scalar parameters."""
+    return int(sum(x.size for x in jax.tree.leaves(fns.abstract_params())))
+
+
+def _opt_state_shardings(abstract_opt_state: Any, abstract_params: Any, param_sh: Any,
+                         mesh: Mesh) -> Any:
+    """Shard each optimiser leaf like the parameter whose path ends its own path (moments),
+    everything else (counters) replicated."""
+    by_path = {tuple(p): (x.shape, s) for (p, x), s in zip(
+        jax.tree_util.tree_flatten_with_path(abstract_params)[0], jax.tree.leaves(param_sh))}
+    rep = shd.replicated(mesh)
+
+    def pick(path, leaf):
+        path = tuple(path)
+        for i in range(len(path)):
+            hit = by_path.get(path[i:])
+            if hit is not None and hit[0] == leaf.shape:
+                return hit[1]
+        return rep
+    return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
+
+
+def state_shardings(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+    """A ``TrainState`` of ``NamedSharding``: parameters by the logical-axis table, optimiser
+    moments like their parameters, step and rng replicated."""
+    abs_params = fns.abstract_params()
+    param_sh = shd.param_shardings(abs_params, fns.logical_axes, mesh)
+    abs_opt = jax.eval_shape(tx.init, abs_params)
+    rep = shd.replicated(mesh)
+    return TrainState(params=param_sh,
+                      opt_state=_opt_state_shardings(abs_opt, abs_params, param_sh, mesh),
+                      step=rep, rng=rep)
+
+
+def abstract_state(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+    """``TrainState`` of ``ShapeDtypeStruct`` carrying the target shardings (a restore target)."""
+    abs_params = fns.abstract_params()
+    shapes = TrainState(params=abs_params, opt_state=jax.eval_shape(tx.init, abs_params),
+                        step=jax.ShapeDtypeStruct((), jnp.int32),
+                        rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, state_shardings(fns, tx, mesh))
+
+
+def init_state(model_cfg: ml_collections.ConfigDict, fns: ModelFns,
+               tx: optax.GradientTransformation, mesh: Mesh, seed: int) -> TrainState:
+    """Fresh state from ``seed``, created directly in its shardings (one jitted init).
+
+    Parameter values depend on ``seed`` only, not on the mesh (JAX's partitionable threefry).
+    """
+    def init() -> TrainState:
+        params = nnx.to_pure_dict(nnx.split(_build(model_cfg, seed), nnx.Param, ...)[1])
+        key = jax.random.fold_in(jax.random.key(seed), 1)  # distinct from the init stream
+        return TrainState(params=params, opt_state=tx.init(params),
+                          step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(key))
+    return jax.jit(init, out_shardings=state_shardings(fns, tx, mesh))()

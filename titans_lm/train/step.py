@@ -1,0 +1,141 @@
+"""The pure train step and eval step, and their jitted, sharded forms.
+
+Loss (next-token cross-entropy, in nats per scored token):
+
+    L = sum_{b,t} w_bt * (-log softmax(logits_bt)[y_bt]) / sum_{b,t} w_bt
+
+with ``y = tokens[:, 1:]`` and the contract's weight
+``w = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] != 0)``: a target is
+scored when it continues the document of its input position, so no prediction crosses a document
+boundary and padding is never scored. Logits and the loss are float32 whatever the compute dtype.
+
+Gradient accumulation: with ``grad_accum = A`` the global batch of B rows is split into A
+micro-batches (row i goes to micro-batch ``i mod A``, so every device keeps an equal share of
+each), a ``lax.scan`` sums the *unnormalised* gradients ``d(sum w * nll)/d(params)`` and the weight
+counts over them, and one optimiser update uses ``sum_grads / sum_weights``. That is exactly the
+gradient of the one-big-batch loss above (up to float summation order), and one train step is
+one optimiser update.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from titans_lm.train import sharding as shd
+from titans_lm.train.state import ModelFns, TrainState
+
+Batch = Mapping[str, jax.Array]
+
+
+def split_batch(batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(inputs_BT, targets_BT, input_segment_ids_BT, weights_BT)`` of a ``[B, T+1]`` batch.
+
+    ``weights_BT`` is float32 (1.0 for a scored target, 0.0 otherwise), by the contract above.
+    """
+    tokens, seg = batch["tokens"], batch["segment_ids"]
+    weights = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+    return tokens[:, :-1], tokens[:, 1:], seg[:, :-1], weights.astype(jnp.float32)
+
+
+def loss_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+    """``(sum of weighted nll in nats, sum of weights)``, both float32 scalars."""
+    nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32),
+                                                             targets_BT)
+    w = weights_BT.astype(jnp.float32)
+    return jnp.sum(nll_BT * w), jnp.sum(w)
+
+
+def _cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                        tree)
+
+
+def _nll_sum(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype
+             ) -> tuple[jax.Array, jax.Array]:
+    inputs, targets, seg_in, weights = split_batch(batch)
+    logits = fns.apply(_cast_floats(params, compute_dtype), inputs, seg_in)
+    return loss_sums(logits, targets, weights)
+
+
+def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
+               tx: optax.GradientTransformation, schedule: optax.Schedule, grad_accum: int = 1,
+               compute_dtype: str = "float32", micro_sharding: NamedSharding | None = None
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimiser update on a global batch.
+
+    Args:
+      state: the current :class:`TrainState` (donated by the jitted form).
+      batch: ``{"tokens", "segment_ids"}`` int32 ``[B, T+1]``.
+      fns: the model (:func:`titans_lm.train.state.model_fns`).
+      tx, schedule: from :func:`titans_lm.train.optimizer.make_optimizer`.
+      grad_accum: number of micro-batches A (must divide B).
+      compute_dtype: "float32" or "bfloat16": parameters are cast to it for the forward and
+        backward pass; the master parameters, gradients and optimiser state stay float32.
+      micro_sharding: sharding of the ``[A, B/A, T+1]`` micro-batch stack (batch rows over the
+        data axes), or None to let the compiler choose.
+
+    Returns:
+      ``(new_state, metrics)``; metrics are float32 scalars: ``loss`` (nats per scored token),
+      ``grad_norm`` (global L2 norm before clipping), ``lr`` (rate used by this update),
+      ``tokens`` (scored target tokens in the batch).
+    """
+    dtype = jnp.dtype(compute_dtype)
+    grad_fn = jax.value_and_grad(_nll_sum, has_aux=True)
+
+    if grad_accum == 1:
+        (nll, n_tok), grads = grad_fn(state.params, batch, fns, dtype)
+    else:
+        def to_micro(x):
+            x = x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1)
+            return x if micro_sharding is None else jax.lax.with_sharding_constraint(x, micro_sharding)
+        micro = {k: to_micro(v) for k, v in batch.items()}
+
+        def body(carry, mb):
+            nll_acc, n_acc, g_acc = carry
+            (nll_i, n_i), g_i = grad_fn(state.params, mb, fns, dtype)
+            return (nll_acc + nll_i, n_acc + n_i, jax.tree.map(jnp.add, g_acc, g_i)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
+        (nll, n_tok, grads), _ = jax.lax.scan(body, init, micro)
+    denom = jnp.maximum(n_tok, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    rng, _ = jax.random.split(state.rng)
+    metrics = {"loss": nll / denom, "grad_norm": optax.tree.norm(grads),
+               "lr": jnp.asarray(schedule(state.step), jnp.float32), "tokens": n_tok}
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng), metrics
+
+
+def eval_step(params: Any, batch: Batch, *, fns: ModelFns) -> tuple[jax.Array, jax.Array]:
+    """``(nll_sum, n_tokens)``: summed nll (nats, float32) and scored-token count of a batch."""
+    return _nll_sum(params, batch, fns, jnp.float32)
+
+
+def jit_train_step(fns: ModelFns, tx: optax.GradientTransformation, schedule: optax.Schedule,
+                   state_sh: TrainState, mesh: Mesh, *, grad_accum: int = 1,
+                   compute_dtype: str = "float32") -> Callable:
+    """``train_step`` bound to its static arguments and jitted with shardings; the state is
+    donated (its buffers are reused for the new state)."""
+    fn = functools.partial(train_step, fns=fns, tx=tx, schedule=schedule, grad_accum=grad_accum,
+                           compute_dtype=compute_dtype,
+                           micro_sharding=NamedSharding(mesh, P(None, shd.BATCH_AXES)))
+    rep = shd.replicated(mesh)
+    return jax.jit(fn, in_shardings=(state_sh, shd.batch_sharding(mesh)),
+                   out_shardings=(state_sh, rep), donate_argnums=0)
+
+
+def jit_eval_step(fns: ModelFns, params_sh: Any, mesh: Mesh) -> Callable:
+    """``eval_step`` jitted with the parameters' shardings and a data-sharded batch."""
+    rep = shd.replicated(mesh)
+    return jax.jit(functools.partial(eval_step, fns=fns),
+                   in_shardings=(params_sh, shd.batch_sharding(mesh)), out_shardings=(rep, rep))

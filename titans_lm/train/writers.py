@@ -1,0 +1,63 @@
+"""Where training metrics go: ``<workdir>/metrics.jsonl`` and TensorBoard events in ``<workdir>/tb``.
+
+Each JSONL line is one record ``{"step": int, <name>: float, ...}``: train records carry ``loss``,
+``grad_norm``, ``lr``, ``tokens`` and ``tokens_per_sec``; validation records ``val_loss`` and
+``val_ppl``. On resume from step S, records with ``step > S`` (written after the checkpoint the run
+resumes from) are dropped first, so the file never holds two values for one step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from tensorboardX import SummaryWriter
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    """All records of ``<workdir>/metrics.jsonl`` (empty when the file does not exist)."""
+    path = Path(workdir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricWriter:
+    """Append metric records to the JSONL file and TensorBoard.
+
+    Args:
+      workdir: the run directory.
+      resume_step: the step the run starts from; later records already on disk are dropped.
+      enabled: False on non-primary hosts (writes nothing).
+    """
+
+    def __init__(self, workdir: str | Path, resume_step: int = 0, enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(workdir) / "metrics.jsonl"
+        self._tb = None
+        if not enabled:
+            return
+        kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= resume_step]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self._file = self.path.open("a")
+        self._tb = SummaryWriter(str(Path(workdir) / "tb"), purge_step=resume_step + 1)
+
+    def write(self, step: int, values: Mapping[str, float], tb_prefix: str) -> None:
+        """One record at ``step``; TensorBoard tags are ``<tb_prefix>/<name>``."""
+        if not self.enabled:
+            return
+        rec = {"step": int(step)}
+        rec.update({k: (float(v) if math.isfinite(float(v)) else str(float(v)))
+                    for k, v in values.items()})
+        self._file.write(json.dumps(rec) + "\n")
+        self._file.flush()
+        for k, v in values.items():
+            self._tb.add_scalar(f"{tb_prefix}/{k}", float(v), int(step))
+
+    def close(self) -> None:
+        if self.enabled:
+            self._file.close()
+            self._tb.close()
