@@ -62,7 +62,7 @@ def test_tiny_size_shapes():
     cfg = MOD.get_config("tiny")
     m = cfg.model
     assert (m.d_model, m.n_layers, m.n_heads, m.vocab_size, m.tie_embeddings) == (256, 4, 4, 8192, True)
-    assert (cfg.train.batch_size, cfg.data.seq_len) == (16, 256)
+    assert (cfg.train.batch_size, cfg.data.seq_len) == (8, 256)
     assert MOD.get_config().model.d_model == 256
 
 

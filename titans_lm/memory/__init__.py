@@ -1,1 +1,24 @@
+"""The inner-loop memory engine: fast-weight models that learn at test time.
 
+Functional core (one head; vmap over batch and heads):
+  memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model, chunk_size,
+              impl="chunked", read="after_write", reset=None, reset_to=None) -> (reads, (P_T, S_T))
+  memory_read(params, q, model) -> reads
+Inner models: LinearMemory, MLPMemory, ResidualLN (+ the shorthands "linear", "mlp").
+Layer: NeuralMemory (titans_lm.memory.layer) configured by MemoryConfig (titans_lm.memory.config).
+"""
+
+from titans_lm.memory.chunked import chunk_step, chunked_scan
+from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients, segment_products
+from titans_lm.memory.inner_models import (InnerModel, LinearMemory, MLPMemory, ResidualLN,
+                                           make_inner_model, resolve_model)
+from titans_lm.memory.reference import reference_scan
+from titans_lm.memory.scan import (IMPLEMENTATIONS, get_implementation, memory_read, memory_scan,
+                                   register_implementation)
+
+__all__ = [
+    "ChunkCoefficients", "IMPLEMENTATIONS", "InnerModel", "LinearMemory", "MLPMemory", "ResidualLN",
+    "chunk_coefficients", "chunk_step", "chunked_scan", "get_implementation", "make_inner_model",
+    "memory_read", "memory_scan", "reference_scan", "register_implementation", "resolve_model",
+    "segment_products",
+]
