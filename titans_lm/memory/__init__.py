@@ -8,17 +8,20 @@ Inner models: LinearMemory, MLPMemory, ResidualLN (+ the shorthands "linear", "m
 Layer: NeuralMemory (titans_lm.memory.layer) configured by MemoryConfig (titans_lm.memory.config).
 """
 
-from titans_lm.memory.chunked import chunk_step, chunked_scan
+from titans_lm.memory.chunked import chunk_step, chunk_step_from_coefficients, chunked_scan
 from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients, segment_products
+from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.inner_models import (InnerModel, LinearMemory, MLPMemory, ResidualLN,
                                            make_inner_model, resolve_model)
 from titans_lm.memory.reference import reference_scan
 from titans_lm.memory.scan import (IMPLEMENTATIONS, get_implementation, memory_read, memory_scan,
                                    register_implementation)
+from titans_lm.memory.layer import MemoryInputs, NeuralMemory  # noqa: E402  (after the engine)
 
 __all__ = [
-    "ChunkCoefficients", "IMPLEMENTATIONS", "InnerModel", "LinearMemory", "MLPMemory", "ResidualLN",
-    "chunk_coefficients", "chunk_step", "chunked_scan", "get_implementation", "make_inner_model",
+    "ChunkCoefficients", "IMPLEMENTATIONS", "InnerModel", "LinearMemory", "MLPMemory", "MemoryConfig",
+    "MemoryInputs", "NeuralMemory", "ResidualLN", "chunk_coefficients", "chunk_step",
+    "chunk_step_from_coefficients", "chunked_scan", "get_implementation", "make_inner_model",
     "memory_read", "memory_scan", "reference_scan", "register_implementation", "resolve_model",
     "segment_products",
 ]

@@ -1,0 +1,189 @@
+"""Throughput and memory of the memory engine's implementations (forward, forward + backward).
+
+For each configuration (implementation x inner model x d x chunk size x T) prints one JSON object:
+tokens/s and seconds per call (median and minimum over round-robin timing rounds, and the median
+process CPU time) for the forward pass (reads and final state) and for forward + backward
+(gradient of a scalar of the reads and final state with respect to every input), the compile
+times, and the compiled program's memory from XLA's static buffer assignment
+(``jax.jit(f).lower(...).compile().memory_analysis()``: temp = scratch buffers the program
+allocates, i.e. its peak working memory beyond inputs and outputs). When the device reports
+``memory_stats()`` (GPU, TPU), its ``peak_bytes_in_use`` after the run is added; CPU reports none.
+
+Inputs are float32, one head (``--batch`` > 1 vmaps over independent sequences, as batch x heads),
+unit-norm keys and queries, random gates. The MLP memory has depth 2, SiLU and hidden width
+``--expansion`` x d. The reference runs once per (model, d, T): its cost does not depend on the
+chunk size. The last lines summarise the chunked/reference speed-ups and the chunked cost per
+token relative to the smallest T.
+
+    python scripts/benchmark_memory.py                          # a quick subset (about a minute)
+    python scripts/benchmark_memory.py --impls chunked --models mlp --d 64 --chunks 16 \
+        --T 1024 4096 16384
+    python scripts/benchmark_memory.py --full                   # the whole grid (slow on CPU;
+                                                                # reference only up to T=4096)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titans_lm.memory import LinearMemory, MLPMemory, memory_scan
+
+
+def make_inputs(model, batch, T, d, seed=0):
+    rng = np.random.default_rng(seed)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    params0 = model.init(jax.random.key(seed), d, d, jnp.float32)
+    params0 = tuple(jnp.broadcast_to(p, (batch,) + p.shape) for p in params0)
+    momentum0 = tuple(jnp.zeros_like(p) for p in params0)
+    k = jnp.asarray(unit(rng.normal(size=(batch, T, d))), jnp.float32)
+    q = jnp.asarray(unit(rng.normal(size=(batch, T, d))), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(batch, T, d)), jnp.float32)
+    theta = jnp.asarray(rng.uniform(0.0, 0.1, (batch, T)), jnp.float32)
+    eta = jnp.asarray(rng.uniform(0.5, 1.0, (batch, T)), jnp.float32)
+    alpha = jnp.asarray(rng.uniform(0.0, 0.01, (batch, T)), jnp.float32)
+    return params0, momentum0, k, v, q, theta, eta, alpha
+
+
+def build_fns(impl, model, chunk, chunks_per_checkpoint):
+    options = {"chunks_per_checkpoint": chunks_per_checkpoint} if impl == "chunked" else {}
+
+    def one(params0, momentum0, k, v, q, theta, eta, alpha):
+        return memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, model=model,
+                           chunk_size=chunk, impl=impl, **options)
+
+    batched = jax.vmap(one)
+
+    def forward(*args):
+        return batched(*args)
+
+    def scalar(*args):
+        reads, (P, S) = batched(*args)
+        return jnp.sum(reads ** 2) + sum(jnp.sum(p ** 2) for p in P) + sum(jnp.sum(s) for s in S)
+
+    fwd_bwd = jax.grad(scalar, argnums=tuple(range(8)))
+    return forward, fwd_bwd
+
+
+def compile_one(fn, args):
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    out = {"compile_s": round(time.perf_counter() - t0, 3)}
+    mem = compiled.memory_analysis()
+    if mem is not None:
+        out["temp_bytes"] = int(mem.temp_size_in_bytes)
+        out["argument_bytes"] = int(mem.argument_size_in_bytes)
+        out["output_bytes"] = int(mem.output_size_in_bytes)
+    jax.block_until_ready(compiled(*args))          # warm-up
+    return compiled, out
+
+
+def timed_call(compiled, args):
+    t0, c0 = time.perf_counter(), time.process_time()
+    jax.block_until_ready(compiled(*args))
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--impls", nargs="+", default=["reference", "chunked"])
+    p.add_argument("--models", nargs="+", default=["linear", "mlp"], choices=["linear", "mlp"])
+    p.add_argument("--d", nargs="+", type=int, default=[64])
+    p.add_argument("--chunks", nargs="+", type=int, default=[16])
+    p.add_argument("--T", nargs="+", type=int, default=[1024])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
+    p.add_argument("--batch", type=int, default=1, help="independent sequences vmapped (batch x heads)")
+    p.add_argument("--expansion", type=float, default=4.0, help="MLP hidden width / d")
+    p.add_argument("--chunks-per-checkpoint", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up call)")
+    p.add_argument("--reference-max-T", type=int, default=4096,
+                   help="skip the reference above this T: its backward stores the weights of every "
+                        "token (MLP d=64: ~0.7 MB per token)")
+    p.add_argument("--full", action="store_true",
+                   help="the whole grid: d 64 128, chunks 16 64, T 1024 4096 16384, both impls")
+    a = p.parse_args()
+    if a.full:
+        a.d, a.chunks, a.T = [64, 128], [16, 64], [1024, 4096, 16384]
+
+    # Compile everything first, then time in round-robin rounds: on a shared machine the load
+    # drifts, and interleaving keeps the configurations comparable. Reported: the median and the
+    # minimum over rounds of the wall time, and the median process CPU time.
+    rows, jobs = [], []
+    for impl in a.impls:
+        for model_name in a.models:
+            model = LinearMemory() if model_name == "linear" else MLPMemory(depth=2, expansion=a.expansion)
+            for d in a.d:
+                for chunk in a.chunks:
+                    if impl == "reference" and chunk != a.chunks[0]:
+                        continue  # the reference's cost does not depend on the chunk size
+                    for T in a.T:
+                        if impl == "reference" and T > a.reference_max_T:
+                            continue
+                        args = make_inputs(model, a.batch, T, d)
+                        forward, fwd_bwd = build_fns(impl, model, chunk, a.chunks_per_checkpoint)
+                        row = {"impl": impl, "model": model_name, "d": d, "chunk": chunk, "T": T,
+                               "batch": a.batch, "backend": jax.default_backend()}
+                        if model_name == "mlp":
+                            row["hidden"] = MLPMemory(expansion=a.expansion).hidden_width(d)
+                        if impl == "chunked":
+                            row["chunks_per_checkpoint"] = a.chunks_per_checkpoint
+                        rows.append(row)
+                        for mode in a.modes:
+                            compiled, info = compile_one(forward if mode == "fwd" else fwd_bwd, args)
+                            row[mode] = info
+                            jobs.append((row, mode, compiled, args, [], []))
+    for _ in range(a.repeats):
+        for row, mode, compiled, args, walls, cpus in jobs:
+            wall, cpu = timed_call(compiled, args)
+            walls.append(wall)
+            cpus.append(cpu)
+    for row, mode, compiled, args, walls, cpus in jobs:
+        tokens = row["batch"] * row["T"]
+        wall = float(np.median(walls))
+        row[mode].update({"seconds": round(wall, 5), "seconds_min": round(min(walls), 5),
+                          "cpu_seconds": round(float(np.median(cpus)), 5),
+                          "tokens_per_s": round(tokens / wall, 1),
+                          "us_per_token": round(1e6 * wall / tokens, 3),
+                          "us_per_token_min": round(1e6 * min(walls) / tokens, 3)})
+    stats = jax.devices()[0].memory_stats()
+    for row in rows:
+        if stats and "peak_bytes_in_use" in stats:
+            row["device_peak_bytes"] = int(stats["peak_bytes_in_use"])
+        print(json.dumps(row), flush=True)
+    summarize(rows)
+
+
+def summarize(rows):
+    """Speed-ups of chunked over reference and the chunked cost per token vs T (fwd_bwd)."""
+    def find(**kw):
+        return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
+
+    out = []
+    for r in find(impl="chunked"):
+        for ref in find(impl="reference", model=r["model"], d=r["d"], T=r["T"]):
+            for mode in ("fwd", "fwd_bwd"):
+                if mode in r and mode in ref:
+                    out.append({"speedup": f"chunked/reference {mode}", "model": r["model"], "d": r["d"],
+                                "chunk": r["chunk"], "T": r["T"],
+                                "x_median": round(ref[mode]["seconds"] / r[mode]["seconds"], 2),
+                                "x_min": round(ref[mode]["seconds_min"] / r[mode]["seconds_min"], 2)})
+    for r in find(impl="chunked"):
+        base = find(impl="chunked", model=r["model"], d=r["d"], chunk=r["chunk"], T=min(x["T"] for x in rows))
+        if base and r["T"] != base[0]["T"]:
+            for mode in ("fwd", "fwd_bwd"):
+                if mode in r:
+                    out.append({"scaling": f"chunked {mode} us/token T={r['T']} / T={base[0]['T']}",
+                                "model": r["model"], "d": r["d"], "chunk": r["chunk"],
+                                "ratio_median": round(r[mode]["us_per_token"] / base[0][mode]["us_per_token"], 3),
+                                "ratio_min": round(r[mode]["us_per_token_min"] / base[0][mode]["us_per_token_min"], 3)})
+    for o in out:
+        print(json.dumps(o), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""``chunked``: the memory recurrence as a lax.scan over chunks of its dual form.
+
+Within a chunk every token's gradient is taken at the chunk-start parameters P0 (Titans eqs.
+13-14 with mini-batch size b; TTT's mini-batch GD), so all b gradients come from one batched
+forward/backward pass at P0. For a weight matrix W that a layer applies as z = u @ W, token s's
+gradient is the outer product G_s = u_s^T d_s of the layer input u_s and the back-propagated
+signal d_s = dl_s/dz_s, both at P0. A read r_i through that layer at the state after token i is
+
+    r_i W_i = B_i (r_i W0) + A_i (r_i S0) - sum_s C_{i,s} (r_i . u_s) d_s
+    R W     = B * (R W0) + A * (R S0) - (C * (R U^T)) D          (matmuls only)
+
+(DESIGN.md sec. 2; TTT's dual form, arXiv:2407.04620 sec. 2.5 and appendix A), applied layer by
+layer with the read's own activations, so depth-L MLPs are exact as well. Vector parameters
+(biases, LayerNorm scale and shift) are small and are materialised per token. No per-token weight
+matrix is ever formed. The chunk-end state is one matmul per weight: P_b = B_b P0 + A_b S0 -
+U^T diag(C_b) D.
+
+The chunk step (:func:`chunk_step`) is a pure function of (P0, S0, chunk inputs). The scan
+computes the gate coefficients (:mod:`titans_lm.memory.coefficients`) of all chunks at once,
+outside the sequential loop, since they do not depend on the state, and runs
+:func:`chunk_step_from_coefficients` per chunk inside ``jax.checkpoint`` (per group of
+``chunks_per_checkpoint`` chunks): the backward pass keeps only group-boundary states and
+recomputes the chunk internals. The same functions can serve a backward recompute elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients
+from titans_lm.memory.inner_models import InnerModel, Params, PlainAccess
+
+
+class GradientFactors(NamedTuple):
+    """Per-token gradients of a chunk at its start parameters, in factored form.
+
+    inputs: per parameter, for a matrix the layer inputs u [b, d_in] (None for a vector).
+    signals: per parameter, for a matrix the signals d [b, d_out] so that G_s = u_s^T d_s; for a
+      vector the per-token gradients themselves [b, d].
+    """
+
+    inputs: tuple
+    signals: tuple
+
+
+class _ProbeAccess:
+    """Evaluates at fixed parameters with a per-token perturbation added after each parameter use.
+
+    The derivative of the summed loss with respect to the perturbation of row s is token s's
+    back-propagated signal (matrices) or its gradient (vectors), since loss_s depends on row s only.
+    """
+
+    def __init__(self, params, eps):
+        self.params, self.eps, self.inputs = params, eps, {}
+
+    def matmul(self, index, h):
+        if index in self.inputs:
+            raise ValueError(f"inner model uses matrix parameter {index} twice in one forward pass; "
+                             "the dual form needs each weight matrix applied once")
+        self.inputs[index] = h
+        return h @ self.params[index] + self.eps[index]
+
+    def vector(self, index):
+        return self.params[index] + self.eps[index]
+
+
+def gradient_factors(model: InnerModel, params: Params, k: jax.Array, v: jax.Array) -> GradientFactors:
+    """Token-wise gradients of ||f(k_s; P) - v_s||^2 at ``params``, factored (see GradientFactors).
+
+    Args:
+      model: inner model spec.
+      params: parameter tuple (the chunk-start state P0).
+      k: [b, d_k] keys; v: [b, d_v] values.
+    """
+    b = k.shape[0]
+    eps = tuple(jnp.zeros((b, p.shape[-1]), k.dtype) for p in params)
+
+    def total_loss(eps):
+        access = _ProbeAccess(params, eps)
+        y = model.forward(access, k)
+        return jnp.sum((y - v) ** 2), access.inputs
+
+    signals, inputs = jax.grad(total_loss, has_aux=True)(eps)
+    for i, p in enumerate(params):
+        if p.ndim == 2 and i not in inputs:
+            raise ValueError(f"inner model never applied matrix parameter {i}")
+    return GradientFactors(inputs=tuple(inputs.get(i) for i in range(len(params))),
+                           signals=tuple(signals))
+
+
+class _DualReadAccess:
+    """Reads row i through the parameters after token i's write, without materialising them."""
+
+    def __init__(self, P0, S0, factors: GradientFactors, coef: ChunkCoefficients):
+        self.P0, self.S0, self.f, self.c = P0, S0, factors, coef
+
+    def matmul(self, index, r):
+        c = self.c
+        u, d = self.f.inputs[index], self.f.signals[index]
+        return (c.B[:, None] * (r @ self.P0[index]) + c.A[:, None] * (r @ self.S0[index])
+                - (c.C * (r @ u.T)) @ d)
+
+    def vector(self, index):
+        c = self.c
+        return (c.B[:, None] * self.P0[index] + c.A[:, None] * self.S0[index]
+                - c.C @ self.f.signals[index])
+
+
+class EndRows(NamedTuple):
+    """The coefficient rows of a chunk's last valid token: the chunk-end state is
+    P_end = B P0 + A S0 - sum_s C_s G_s,  S_end = E0 S0 - sum_s M_s G_s.
+
+    B, A, E0: scalars; C, M: [b]. For an empty chunk (no valid token) the identity
+    (B = E0 = 1, A = 0, C = M = 0), so the state passes through unchanged.
+    """
+
+    B: jax.Array
+    A: jax.Array
+    C: jax.Array
+    E0: jax.Array
+    M: jax.Array
+
+
+def end_rows(coef: ChunkCoefficients, n_valid=None) -> EndRows:
+    """Rows of ``coef`` for the state after token n_valid - 1 (n_valid None: the full chunk).
+
+    Args:
+      coef: the chunk's coefficients.
+      n_valid: number of real tokens, int scalar in 0..b (may be traced), or None for b.
+    """
+    b = coef.B.shape[0]
+    last = b - 1 if n_valid is None else jnp.clip(n_valid - 1, 0, b - 1)
+    rows = EndRows(B=coef.B[last], A=coef.A[last], C=coef.C[last], E0=coef.E0[last], M=coef.M[last])
+    if n_valid is None:
+        return rows
+    empty = n_valid <= 0
+    one, zero = jnp.ones((), coef.B.dtype), jnp.zeros((), coef.B.dtype)
+    return EndRows(B=jnp.where(empty, one, rows.B), A=jnp.where(empty, zero, rows.A),
+                   C=jnp.where(empty, zero, rows.C), E0=jnp.where(empty, one, rows.E0),
+                   M=jnp.where(empty, zero, rows.M))
+
+
+def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v, q,
+                                 coef: ChunkCoefficients, ends: EndRows, *, read: str = "after_write"):
+    """The state-dependent part of :func:`chunk_step`, given the chunk's gate coefficients.
+
+    The coefficients depend on the gates only, so a scan can compute them for every chunk at once
+    (batched, outside the sequential loop) and keep the loop body to the matmuls.
+
+    Returns:
+      (reads [b, d_v], P_end, S_end).
+    """
+    factors = gradient_factors(model, P0, k, v)
+    if read == "after_write":
+        reads = model.forward(_DualReadAccess(P0, S0, factors, coef), q)
+    else:
+        reads = model.forward(PlainAccess(P0), q)
+    P_end, S_end = [], []
+    for p0, s0, u, d in zip(P0, S0, factors.inputs, factors.signals):
+        if p0.ndim == 2:
+            gP = u.T @ (ends.C[:, None] * d)
+            gS = u.T @ (ends.M[:, None] * d)
+        else:
+            gP = ends.C @ d
+            gS = ends.M @ d
+        P_end.append(ends.B * p0 + ends.A * s0 - gP)
+        S_end.append(ends.E0 * s0 - gS)
+    return reads, tuple(P_end), tuple(S_end)
+
+
+def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, alpha,
+               n_valid=None, *, read: str = "after_write"):
+    """One chunk of the memory recurrence: reads and the state after the chunk's last valid token.
+
+    Args:
+      model: inner model spec.
+      P0, S0: parameter and momentum tuples at the chunk start.
+      k: [b, d_k], v: [b, d_v], q: [b, d_k] the chunk's keys, values and queries.
+      theta, eta, alpha: [b] gates.
+      n_valid: number of real tokens (int scalar, may be traced; 0..b); the returned state is the
+        state after token n_valid - 1 (the chunk start when 0). None means b.
+      read: "after_write" reads f(q_i; P_i); "chunk_start" reads f(q_i; P0).
+    Returns:
+      (reads [b, d_v], P_end, S_end).
+    """
+    coef = chunk_coefficients(theta, eta, alpha)
+    return chunk_step_from_coefficients(model, P0, S0, k, v, q, coef, end_rows(coef, n_valid),
+                                        read=read)
+
+
+def _pad_rows(x, total, value):
+    pad = total - x.shape[0]
+    if pad == 0:
+        return x
+    widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
+                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1):
+    """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
+
+    The sequence is cut into ceil(T / chunk_size) chunks; the last one is padded with zero keys,
+    values and queries and theta = 0 (eta = 1, alpha = 0), its padded reads are dropped, and the
+    final state is read off the coefficient row of the last real token, so padding changes nothing.
+    ``chunks_per_checkpoint`` chunks form one ``jax.checkpoint`` group (the chunk count is padded
+    with empty chunks that leave the state unchanged): the backward pass stores one state per group.
+
+    Args:
+      chunks_per_checkpoint: chunks per rematerialisation group (>= 1).
+    Raises:
+      ValueError: for chunks_per_checkpoint < 1.
+    """
+    if int(chunks_per_checkpoint) != chunks_per_checkpoint or chunks_per_checkpoint < 1:
+        raise ValueError(f"chunks_per_checkpoint must be a positive integer, got {chunks_per_checkpoint}")
+    T = k.shape[0]
+    b = chunk_size
+    n_chunks = math.ceil(T / b)
+    g = min(int(chunks_per_checkpoint), n_chunks)
+    n_groups = math.ceil(n_chunks / g)
+    total = n_groups * g * b
+
+    dt = k.dtype
+    k_p, v_p, q_p = (_pad_rows(x, total, 0) for x in (k, v, q))
+    theta_p = _pad_rows(theta, total, 0)
+    eta_p = _pad_rows(eta, total, 1)
+    alpha_p = _pad_rows(alpha, total, 0)
+    reset_p = _pad_rows(reset, total, False)
+    n_valid = np.clip(T - np.arange(n_groups * g) * b, 0, b).astype(np.int32)
+
+    # Gate coefficients of every chunk at once: they do not depend on the state, so they stay
+    # out of the sequential loop (batched over chunks, forward and backward).
+    per_chunk = lambda x: x.reshape((n_groups * g, b) + x.shape[1:])  # noqa: E731
+    coef = jax.vmap(chunk_coefficients)(per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p))
+    ends = jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
+    if read != "after_write":
+        coef = None   # the chunk-start read needs no coefficients inside the chunk
+
+    def group_shape(x):
+        return x.reshape((n_groups, g) + x.shape[1:])
+
+    xs = (per_chunk(k_p), per_chunk(v_p), per_chunk(q_p), coef, ends,
+          reset_p.reshape(n_groups * g, b)[:, 0])
+    xs = jax.tree.map(group_shape, xs)
+    zeros = tuple(jnp.zeros_like(m) for m in momentum0)
+
+    def one_chunk(carry, x):
+        P, S = carry
+        kc, vc, qc, cf, ed, rs = x
+        P = tuple(jnp.where(rs, r, p) for r, p in zip(reset_to, P))
+        S = tuple(jnp.where(rs, z, s) for z, s in zip(zeros, S))
+        reads, P, S = chunk_step_from_coefficients(model, P, S, kc, vc, qc, cf, ed, read=read)
+        return (P, S), reads
+
+    carry0 = (tuple(params0), tuple(momentum0))
+    if g == 1:
+        step = jax.checkpoint(one_chunk, prevent_cse=False)
+        xs = jax.tree.map(lambda x: x[:, 0], xs)
+    else:
+        step = jax.checkpoint(lambda carry, x: jax.lax.scan(one_chunk, carry, x), prevent_cse=False)
+    (P, S), reads = jax.lax.scan(step, carry0, xs)
+    reads = reads.reshape(total, reads.shape[-1])[:T].astype(dt)
+    return reads, (P, S)

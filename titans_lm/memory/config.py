@@ -1,0 +1,136 @@
+"""Settings of the NeuralMemory layer, one field per switch, so a backbone config maps onto it 1:1.
+
+A backbone config section holding these keys becomes a layer config with
+``MemoryConfig.from_dict(dict(cfg.model.memory), d_model=cfg.model.d_model)``; an unknown key or a
+bad value raises ValueError naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from titans_lm.memory.inner_models import InnerModel, make_inner_model
+from titans_lm.memory.scan import IMPLEMENTATIONS
+
+GATE_STYLES = ("titans", "ttt")
+GATE_GRANULARITIES = ("token", "chunk")
+READ_MODES = ("after_write", "chunk_start")
+DTYPES = ("float32", "bfloat16", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    """NeuralMemory settings (Titans arXiv:2501.00663 sec. 3; TTT arXiv:2407.04620 sec. 2.7).
+
+    Attributes:
+      d_model: model width D (input and output of the layer).
+      n_heads: memory heads H; each has its own memory of width head_dim.
+      head_dim: d_k = d_v of each head's memory.
+      memory_depth: 1 = linear memory, 2..4 = MLP memory (Titans' L_M).
+      memory_expansion: MLP hidden width / head_dim.
+      memory_activation: "silu" | "gelu" | "gelu_tanh" (MLP memories).
+      memory_bias: biases in the inner model (fast weights too).
+      memory_residual_ln: TTT's inner model x + LN(f(x)) (fits LN(f(k)) to v - k).
+      chunk_size: mini-batch size b of the inner gradient descent (TTT: 16). Should divide the
+        data pipeline's doc_align (64) so every document starts on a chunk boundary.
+      theta_max: upper bound of the Titans inner learning rate theta = theta_max * sigmoid(.).
+        With unit-norm keys and the loss ||f(k) - v||^2 a linear write is stable for theta < 1.
+      gate_style: "titans": theta = theta_max * sigmoid(x w_theta + b_theta);
+        "ttt": theta = ttt_base_lr * sigmoid(x w_theta + b_theta) / head_dim (TTT's learnable
+        inner learning rate). eta and alpha are set by use_momentum / use_decay in both styles.
+      ttt_base_lr: TTT's base learning rate (TTT-Linear 1.0, TTT-MLP 0.1).
+      gate_granularity: "token": gates per token; "chunk": every token of a chunk uses the gate
+        pre-activations of the chunk's first token (causal: that token precedes or is the token
+        itself, so no read depends on a later token; a mean over the chunk would not be causal).
+      use_momentum: False gives eta = 0 exactly (no momentum parameters).
+      use_decay: False gives alpha = 0 exactly (no forget-gate parameters).
+      theta_bias_init, eta_bias_init, alpha_bias_init: initial biases of the gate
+        pre-activations (sigmoid(0) = 0.5, sigmoid(2) = 0.88, sigmoid(-6) = 0.0025).
+      use_conv: causal depthwise short convolution on q, k, v (reset at document starts).
+      conv_kernel: its width (Titans: 4).
+      qk_l2_norm: l2-normalise queries and keys (Titans).
+      use_output_gate: y = RMSNorm(reads) * SiLU(x W_g) before the output projection.
+      read: "after_write" (read token t after its own write) or "chunk_start".
+      impl: engine implementation ("chunked", "reference", or a registered one).
+      chunks_per_checkpoint: chunks per rematerialisation group of the chunked engine.
+      dtype: compute dtype of the projections ("float32" | "bfloat16" | "float64"); the inner
+        loop always runs in float32 or wider.
+      param_dtype: parameter dtype.
+      norm_eps: epsilon of the output RMSNorm and of the l2 normalisation.
+    """
+
+    d_model: int
+    n_heads: int = 4
+    head_dim: int = 32
+    memory_depth: int = 2
+    memory_expansion: float = 4.0
+    memory_activation: str = "silu"
+    memory_bias: bool = False
+    memory_residual_ln: bool = False
+    chunk_size: int = 16
+    theta_max: float = 0.1
+    gate_style: str = "titans"
+    ttt_base_lr: float = 1.0
+    gate_granularity: str = "token"
+    use_momentum: bool = True
+    use_decay: bool = True
+    theta_bias_init: float = 0.0
+    eta_bias_init: float = 2.0
+    alpha_bias_init: float = -6.0
+    use_conv: bool = True
+    conv_kernel: int = 4
+    qk_l2_norm: bool = True
+    use_output_gate: bool = True
+    read: str = "after_write"
+    impl: str = "chunked"
+    chunks_per_checkpoint: int = 1
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first field with a bad value."""
+        def need(ok, field, msg):
+            if not ok:
+                raise ValueError(f"MemoryConfig.{field}: {msg}, got {getattr(self, field)!r}")
+
+        for f in ("d_model", "n_heads", "head_dim", "chunk_size", "conv_kernel", "chunks_per_checkpoint"):
+            need(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, f, "must be a positive int")
+        need(1 <= self.memory_depth <= 4, "memory_depth", "must be in 1..4 (1 = linear)")
+        need(self.memory_expansion > 0, "memory_expansion", "must be positive")
+        need(self.memory_activation in ("silu", "gelu", "gelu_tanh"), "memory_activation",
+             "must be 'silu', 'gelu' or 'gelu_tanh'")
+        need(self.theta_max > 0, "theta_max", "must be positive")
+        need(self.ttt_base_lr > 0, "ttt_base_lr", "must be positive")
+        need(self.gate_style in GATE_STYLES, "gate_style", f"must be one of {GATE_STYLES}")
+        need(self.gate_granularity in GATE_GRANULARITIES, "gate_granularity",
+             f"must be one of {GATE_GRANULARITIES}")
+        need(self.read in READ_MODES, "read", f"must be one of {READ_MODES}")
+        need(self.impl in IMPLEMENTATIONS, "impl", f"must be one of {sorted(IMPLEMENTATIONS)}")
+        need(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}")
+        need(self.param_dtype in DTYPES, "param_dtype", f"must be one of {DTYPES}")
+        need(self.norm_eps > 0, "norm_eps", "must be positive")
+
+    def inner_model(self) -> InnerModel:
+        """The per-head inner model these settings describe."""
+        return make_inner_model(self.memory_depth, expansion=self.memory_expansion,
+                                activation=self.memory_activation, bias=self.memory_bias,
+                                residual_ln=self.memory_residual_ln)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], **overrides: Any) -> "MemoryConfig":
+        """Build from a mapping (e.g. an ml_collections section) plus keyword overrides.
+
+        Raises:
+          ValueError: for keys that are not fields (listing them) or bad values.
+        """
+        merged = {**dict(values), **overrides}
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(merged) - names)
+        if unknown:
+            raise ValueError(f"unknown MemoryConfig field(s) {unknown}; known: {sorted(names)}")
+        return cls(**merged)

@@ -1,0 +1,240 @@
+"""``pallas`` and ``auto``: the memory scan as a fused Pallas kernel, differentiable via custom_vjp.
+
+``pallas_scan`` is the ``impl="pallas"`` implementation of :func:`titans_lm.memory.memory_scan`
+(same contract, validated inputs). The forward pass is one Pallas kernel per call
+(:mod:`titans_lm.memory.pallas_triton` on GPUs, :mod:`titans_lm.memory.pallas_tpu` on TPUs, either
+one in Pallas' interpreter on CPU) that computes, per chunk, the gradients at the chunk-start
+state, the gate matrices, the dual-form reads and the chunk-end parameters and momentum
+(:mod:`titans_lm.memory.pallas_chunk`).
+
+Gradients (``jax.custom_vjp``): the forward kernel also saves the state at the start of every group
+of ``chunks_per_checkpoint`` chunks. The backward pass is ``chunked``'s: the gate coefficients of
+all chunks at once (:func:`titans_lm.memory.coefficients.chunk_coefficients` and ``end_rows``),
+then the groups in reverse, each recomputed from its saved state under ``jax.vjp`` of the chunk
+loop of :func:`titans_lm.memory.chunked.chunk_step_from_coefficients`, and last one batched vjp
+from the coefficients' cotangents to the gates. That is the recomputation and the arithmetic of
+``chunked`` with ``jax.checkpoint`` per group, so the meta-gradients with respect to k, v, q,
+theta, eta, alpha, the initial state and the reset target equal ``chunked``'s (up to the rounding
+of the saved states, which the kernel computes in float32). The backward pass is XLA code, not a
+kernel: forward + backward gains only the forward pass's share of the time.
+
+Problems outside the kernels' shapes (:mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log
+the reason once. ``auto_scan`` (``impl="auto"``) is ``pallas`` on GPU and TPU, ``chunked`` on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titans_lm.memory.chunked import chunk_step_from_coefficients, chunked_scan, end_rows
+from titans_lm.memory.coefficients import chunk_coefficients
+from titans_lm.memory.inner_models import InnerModel
+from titans_lm.memory.pallas_chunk import GATE_ROWS, ROW_ALPHA, ROW_ETA, ROW_RESET, ROW_THETA
+from titans_lm.memory.pallas_plan import KernelPlan, log_fallback, make_plan, resolve_backend
+
+
+def _forward_fn(plan: KernelPlan):
+    if plan.backend == "tpu":
+        from titans_lm.memory.pallas_tpu import tpu_forward
+        return tpu_forward
+    from titans_lm.memory.pallas_triton import triton_forward
+    return triton_forward
+
+
+def _pad_rows(x, total, value):
+    pad = total - x.shape[0]
+    if pad == 0:
+        return x
+    return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=value)
+
+
+def _padded_inputs(plan: KernelPlan, k, v, q, theta, eta, alpha, reset):
+    """Inputs padded to n_chunks * b tokens (zero k, v, q; theta 0, eta 1, alpha 0; no reset),
+    cut into chunks: k, v, q [N, b, d]; theta, eta, alpha [N, b] (compute dtype); reset [N] bool
+    (the flag of each chunk's first token)."""
+    N, b = plan.n_chunks, plan.chunk_size
+    total = N * b
+    cdt = jnp.dtype(plan.compute_dtype)
+    k_c, v_c, q_c = (_pad_rows(x, total, 0).reshape(N, b, x.shape[-1]) for x in (k, v, q))
+    th = _pad_rows(theta.astype(cdt), total, 0).reshape(N, b)
+    et = _pad_rows(eta.astype(cdt), total, 1).reshape(N, b)
+    al = _pad_rows(alpha.astype(cdt), total, 0).reshape(N, b)
+    rs = _pad_rows(reset, total, False).reshape(N, b)[:, 0]
+    return k_c, v_c, q_c, th, et, al, rs
+
+
+def _gate_blocks(plan: KernelPlan, th, et, al, rs):
+    """Packed gates: rows [N, 8, b] (theta, eta, alpha, reset flag, zeros) and columns [N, b, 8]."""
+    cdt = jnp.dtype(plan.compute_dtype)
+    N, b = th.shape
+    rows = [jnp.zeros((N, b), cdt)] * GATE_ROWS
+    rows[ROW_THETA], rows[ROW_ETA], rows[ROW_ALPHA] = th, et, al
+    rows[ROW_RESET] = jnp.broadcast_to(rs.astype(cdt)[:, None], (N, b))
+    gate_rows = jnp.stack(rows, axis=1)
+    return gate_rows, jnp.swapaxes(gate_rows, 1, 2)
+
+
+def _run_kernel(plan: KernelPlan, params0, momentum0, k, v, q, theta, eta, alpha, reset, reset_to,
+                save_states: bool):
+    cdt = jnp.dtype(plan.compute_dtype)
+    k_c, v_c, q_c, th, et, al, rs = _padded_inputs(plan, k, v, q, theta, eta, alpha, reset)
+    gate_rows, gate_cols = _gate_blocks(plan, th, et, al, rs)
+    cast = lambda xs: tuple(x.astype(cdt) for x in xs)  # noqa: E731
+    reads, P, S, bnd_P, bnd_S = _forward_fn(plan)(
+        plan, k_c, v_c, q_c, gate_rows, gate_cols, cast(params0), cast(momentum0), cast(reset_to),
+        save_states=save_states)
+    reads = reads.reshape(plan.n_chunks * plan.chunk_size, plan.d_v)[:plan.seq_len]
+    dt = k.dtype
+    P = tuple(p.astype(dt) for p in P)
+    S = tuple(s.astype(dt) for s in S)
+    return (reads, (P, S)), (bnd_P, bnd_S)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def kernel_scan(plan: KernelPlan, params0, momentum0, k, v, q, theta, eta, alpha, reset, reset_to):
+    """The kernel path of :func:`pallas_scan` for a given plan, without the platform checks.
+
+    ``pallas_scan`` makes the plan from the call and the local platform; calling this directly
+    with a plan for another platform's lowering (``interpret=False``) is how the kernels are
+    lowered (not run) for a GPU or TPU from a CPU-only machine, e.g.
+    ``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``.
+
+    Args: a KernelPlan and memory_scan's validated arrays (tuples for the states; reset bool [T]).
+    Returns: (reads [T, d_v], (params_T, momentum_T)) in k's dtype. Differentiable (custom_vjp).
+    """
+    out, _ = _run_kernel(plan, params0, momentum0, k, v, q, theta, eta, alpha, reset, reset_to,
+                         save_states=False)
+    return out
+
+
+def _kernel_scan_fwd(plan, params0, momentum0, k, v, q, theta, eta, alpha, reset, reset_to):
+    out, (bnd_P, bnd_S) = _run_kernel(plan, params0, momentum0, k, v, q, theta, eta, alpha, reset,
+                                      reset_to, save_states=True)
+    return out, (bnd_P, bnd_S, k, v, q, theta, eta, alpha, reset, reset_to)
+
+
+def _kernel_scan_bwd(plan, residuals, cotangents):
+    bnd_P, bnd_S, k, v, q, theta, eta, alpha, reset, reset_to = residuals
+    d_reads, (d_P, d_S) = cotangents
+    dt = k.dtype
+    cdt = jnp.dtype(plan.compute_dtype)
+    n_groups, g, b, N = plan.n_groups, plan.group, plan.chunk_size, plan.n_chunks
+    total = N * b
+    T = plan.seq_len
+    model, read = plan.model, plan.read
+
+    k_c, v_c, q_c, th, et, al, rs = _padded_inputs(plan, k, v, q, theta, eta, alpha, reset)
+    n_valid = jnp.asarray(np.clip(T - np.arange(N) * b, 0, b).astype(np.int32))
+
+    # As chunked_scan: the gate coefficients of all chunks at once, outside the sequential loop;
+    # their cotangents are collected by the loop and pulled back to the gates in one batched vjp.
+    def coefficients(th, et, al):
+        coef = jax.vmap(chunk_coefficients)(th, et, al)
+        return coef, jax.vmap(end_rows)(coef, n_valid)
+
+    (coef, ends), coef_vjp = jax.vjp(coefficients, th, et, al)
+    grouped = lambda x: x.reshape((n_groups, g) + x.shape[1:])  # noqa: E731
+    kvq = tuple(grouped(x.astype(cdt)) for x in (k_c, v_c, q_c))
+    coef_g, ends_g = jax.tree.map(grouped, (coef, ends))
+    rs_g = grouped(rs)
+    d_reads_g = grouped(_pad_rows(d_reads.astype(cdt), total, 0).reshape(N, b, plan.d_v))
+    R = tuple(r.astype(cdt) for r in reset_to)
+    zeros = tuple(jnp.zeros_like(r) for r in R)
+
+    def group_fn(P, S, kvq_g, coef_g, ends_g, R_, rs_):
+        # chunked_scan's chunk loop: reset at chunk starts, then the dual-form chunk step.
+        def one_chunk(carry, x):
+            P, S = carry
+            kc, vc, qc, cf, ed, r = x
+            P = tuple(jnp.where(r, r_, p) for r_, p in zip(R_, P))
+            S = tuple(jnp.where(r, z, s) for z, s in zip(zeros, S))
+            reads, P, S = chunk_step_from_coefficients(model, P, S, kc, vc, qc, cf, ed, read=read)
+            return (P, S), reads
+
+        (P, S), reads = jax.lax.scan(one_chunk, (P, S), kvq_g + (coef_g, ends_g, rs_))
+        return reads, (P, S)
+
+    def back(carry, inp):
+        dP, dS, dR = carry
+        P_g, S_g, kvq_g, cf_g, ed_g, rs_, dr_g = inp
+        fn = lambda P_, S_, x_, c_, e_, R_: group_fn(P_, S_, x_, c_, e_, R_, rs_)  # noqa: E731
+        _, vjp = jax.vjp(fn, P_g, S_g, kvq_g, cf_g, ed_g, R)
+        dP_g, dS_g, dkvq_g, dcf_g, ded_g, dR_g = vjp((dr_g, (dP, dS)))
+        dR = tuple(a + c for a, c in zip(dR, dR_g))
+        return (dP_g, dS_g, dR), (dkvq_g, dcf_g, ded_g)
+
+    init = (tuple(x.astype(cdt) for x in d_P), tuple(x.astype(cdt) for x in d_S), zeros)
+    (dP0, dS0, dR), (dkvq, dcoef, dends) = jax.lax.scan(
+        back, init, (tuple(bnd_P), tuple(bnd_S), kvq, coef_g, ends_g, rs_g, d_reads_g),
+        reverse=True)
+    ungroup = lambda x: x.reshape((N,) + x.shape[2:])  # noqa: E731
+    dth, det, dal = coef_vjp(jax.tree.map(ungroup, (dcoef, dends)))
+    dk, dv, dq = (x.reshape(total, x.shape[-1])[:T].astype(dt) for x in dkvq)
+    dth, det, dal = (x.reshape(total)[:T].astype(dt) for x in (dth, det, dal))
+    cast = lambda xs: tuple(x.astype(dt) for x in xs)  # noqa: E731
+    return cast(dP0), cast(dS0), dk, dv, dq, dth, det, dal, None, cast(dR)
+
+
+kernel_scan.defvjp(_kernel_scan_fwd, _kernel_scan_bwd)
+
+
+def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
+                chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
+                backend: str | None = None, interpret: bool | None = None,
+                precision: str = "highest"):
+    """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
+
+    Args (besides memory_scan's):
+      chunks_per_checkpoint: chunks per saved state for the backward pass (as ``chunked``'s).
+      backend: "triton" | "tpu" | None (from the platform: gpu -> triton, tpu -> tpu,
+        cpu -> triton in interpret mode).
+      interpret: run the kernel in Pallas' interpreter (``interpret=True`` for Triton,
+        ``pltpu.InterpretParams()`` for the TPU kernel); None = when the platform cannot compile
+        the chosen lowering (always on CPU).
+      precision: of the data matmuls: "highest" (float32, default), "tf32x3" (three TF32
+        passes, compiled Triton only) or "default" (the platform's fast float32 matmul: TF32 on
+        NVIDIA GPUs, bfloat16 passes on TPUs).
+    Returns:
+      (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
+    Raises:
+      ValueError: for an unknown backend or precision, chunks_per_checkpoint < 1,
+        interpret=False with a lowering this platform cannot compile, or "tf32x3" outside the
+        compiled Triton kernel.
+    Unsupported problems (see :mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log why.
+    """
+    backend, interpret = resolve_backend(backend, interpret, jax.default_backend())
+    plan = make_plan(model, params0, k.dtype, seq_len=k.shape[0], chunk_size=chunk_size, read=read,
+                     chunks_per_checkpoint=chunks_per_checkpoint, backend=backend,
+                     interpret=interpret, precision=precision)
+    if isinstance(plan, str):
+        log_fallback(plan)
+        return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
+                            chunk_size=chunk_size, read=read, reset_to=reset_to,
+                            chunks_per_checkpoint=chunks_per_checkpoint)
+    return kernel_scan(plan, tuple(params0), tuple(momentum0), k, v, q, theta, eta, alpha, reset,
+                        tuple(reset_to))
+
+
+def auto_choice(platform: str) -> str:
+    """What ``impl="auto"`` runs on a JAX platform: "pallas" on gpu/tpu, else "chunked"."""
+    return "pallas" if platform in ("gpu", "tpu") else "chunked"
+
+
+def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
+              chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
+              **pallas_options):
+    """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
+
+    ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs.
+    """
+    if auto_choice(jax.default_backend()) == "pallas":
+        return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
+                           chunk_size=chunk_size, read=read, reset_to=reset_to,
+                           chunks_per_checkpoint=chunks_per_checkpoint, **pallas_options)
+    return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
+                        chunk_size=chunk_size, read=read, reset_to=reset_to,
+                        chunks_per_checkpoint=chunks_per_checkpoint)

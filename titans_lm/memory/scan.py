@@ -1,0 +1,178 @@
+"""The memory engine's one entry point: validate inputs, then dispatch to an implementation.
+
+All implementations share one contract (DESIGN.md sec. 2) and agree to ~1e-10 in float64 on the
+reads, the final state and every gradient. Adding one is one line in ``IMPLEMENTATIONS``
+(``"name": "module.path:function"``, imported lazily on first use) or a call to
+:func:`register_implementation`. An implementation is called as
+
+    fn(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model, chunk_size, read,
+       reset_to, **impl_options) -> (reads [T, d_v], (params_T, momentum_T))
+
+with validated inputs: tuples of arrays for the states, one floating dtype for everything, an
+:class:`~titans_lm.memory.inner_models.InnerModel` spec for ``model`` and a [T] bool ``reset``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from titans_lm.memory.inner_models import InnerModel, resolve_model
+
+IMPLEMENTATIONS: dict[str, str | Callable] = {
+    "reference": "titans_lm.memory.reference:reference_scan",
+    "chunked": "titans_lm.memory.chunked:chunked_scan",
+    # Pallas kernels (titans_lm/memory/pallas_*.py): "pallas" runs the fused kernel (interpreted on
+    # CPU); "auto" is "pallas" on GPU/TPU and "chunked" on CPU.
+    "pallas": "titans_lm.memory.pallas_scan:pallas_scan",
+    "auto": "titans_lm.memory.pallas_scan:auto_scan",
+}
+
+READ_MODES = ("after_write", "chunk_start")
+
+
+def register_implementation(name: str, fn: str | Callable) -> None:
+    """Add (or replace) an implementation: a callable or a lazy "module:function" path."""
+    IMPLEMENTATIONS[name] = fn
+
+
+def get_implementation(name: str) -> Callable:
+    """The implementation registered under ``name``.
+
+    Raises:
+      ValueError: for an unknown name (listing the known ones).
+    """
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown memory implementation {name!r}; known: {sorted(IMPLEMENTATIONS)}")
+    fn = IMPLEMENTATIONS[name]
+    if isinstance(fn, str):
+        module, attr = fn.split(":")
+        fn = getattr(importlib.import_module(module), attr)
+        IMPLEMENTATIONS[name] = fn
+    return fn
+
+
+def _as_params(tree, name) -> tuple:
+    if not isinstance(tree, (tuple, list)):
+        raise ValueError(f"{name} must be a tuple of arrays (the inner model's parameters in order), "
+                         f"got {type(tree).__name__}")
+    return tuple(jnp.asarray(p) for p in tree)
+
+
+def _check_same_structure(a, b, name_a, name_b):
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        raise ValueError(f"{name_b} must have the structure and shapes of {name_a}: "
+                         f"{[tuple(x.shape) for x in a]} vs {[tuple(y.shape) for y in b]}")
+
+
+def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerModel | str,
+                chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
+                reset_to=None, **impl_options):
+    """Run the neural memory over one head's sequence: write every token, read every query.
+
+    Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
+    gradient descent over chunks of ``chunk_size`` tokens (t' = start of t's chunk):
+
+        l(P; k_t, v_t) = ||f(k_t; P) - v_t||^2                (no 1/2)
+        S_t = eta_t S_{t-1} - theta_t grad_P l(P_{t'}; k_t, v_t)
+        P_t = (1 - alpha_t) P_{t-1} + S_t
+        read_t = f(q_t; P_t)   (read="after_write": after token t's own write; causal)
+               = f(q_t; P_{t'}) (read="chunk_start": the state before the chunk, as MAC retrieves)
+
+    chunk_size = 1 is online gradient descent (with momentum and decay); eta = alpha = 0 is TTT's
+    mini-batch GD; a linear f with chunk_size 1 and eta = alpha = 0 is the delta rule with
+    beta_t = 2 theta_t. Works under jax.jit, jax.vmap (batch, heads) and jax.grad of every input.
+
+    Args:
+      params0: tuple of the inner model's parameters at t = 0 (layouts in
+        :mod:`titans_lm.memory.inner_models`; linear: ``(W,)`` with W [d_k, d_v]).
+      momentum0: tuple with the same shapes, the momentum S at t = 0 (zeros for a fresh memory).
+      k: [T, d_k] keys; v: [T, d_v] values; q: [T, d_k] queries.
+      theta: [T] inner learning rates (>= 0; theta = 0 writes nothing).
+      eta: [T] momentum decays; alpha: [T] forget gates.
+      model: an InnerModel spec, or "linear" / "mlp" (depth 2, SiLU, no biases).
+      chunk_size: mini-batch size b >= 1 of the inner gradient descent. T need not be a multiple
+        of it (the last chunk is partial) and may be smaller than it.
+      impl: "chunked" (dual form, default), "reference" (token by token), "pallas" (fused
+        kernel), "auto" (pallas on GPU/TPU, chunked on CPU), or any registered one.
+      read: "after_write" or "chunk_start" (see above).
+      reset: optional [T] bool. Before a chunk whose first token has reset=True the state returns
+        to (reset_to, 0). Resets are honoured only at chunk starts (t % chunk_size == 0); a reset
+        elsewhere is ignored. The data pipeline starts every document at a multiple of 64, which
+        chunk sizes dividing 64 turn into chunk starts.
+      reset_to: the parameters a reset restores (default: params0); same structure as params0.
+      **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
+    Returns:
+      (reads [T, d_v], (params_T, momentum_T)): the state after the last token, in the common
+      floating dtype of the inputs (float32 or float64).
+    Raises:
+      ValueError: naming the first bad argument (shapes, ranks, chunk size, read mode, impl,
+        parameter layout).
+    """
+    model = resolve_model(model)
+    params0 = _as_params(params0, "params0")
+    momentum0 = _as_params(momentum0, "momentum0")
+    reset_to = params0 if reset_to is None else _as_params(reset_to, "reset_to")
+    d_in, d_out = model.check_params(params0)
+    _check_same_structure(params0, momentum0, "params0", "momentum0")
+    _check_same_structure(params0, reset_to, "params0", "reset_to")
+    k, v, q, theta, eta, alpha = (jnp.asarray(x) for x in (k, v, q, theta, eta, alpha))
+    if k.ndim != 2 or v.ndim != 2 or q.ndim != 2:
+        raise ValueError(f"k, v, q must be [T, d] (one head; vmap over batch and heads), got shapes "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(q.shape)}")
+    T = k.shape[0]
+    if T < 1:
+        raise ValueError("the sequence must have at least one token (T >= 1)")
+    if k.shape != (T, d_in) or q.shape != (T, d_in):
+        raise ValueError(f"k and q must be [T, d_k] = [{T}, {d_in}] for these parameters, got "
+                         f"{tuple(k.shape)} and {tuple(q.shape)}")
+    if v.shape != (T, d_out):
+        raise ValueError(f"v must be [T, d_v] = [{T}, {d_out}] for these parameters, got {tuple(v.shape)}")
+    for name, g in (("theta", theta), ("eta", eta), ("alpha", alpha)):
+        if g.shape != (T,):
+            raise ValueError(f"{name} must be [T] = [{T}] (one gate per token), got {tuple(g.shape)}")
+    if reset is None:
+        reset = jnp.zeros((T,), bool)
+    else:
+        reset = jnp.asarray(reset)
+        if reset.shape != (T,):
+            raise ValueError(f"reset must be [T] = [{T}], got {tuple(reset.shape)}")
+        reset = reset.astype(bool)
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if read not in READ_MODES:
+        raise ValueError(f"read must be one of {READ_MODES}, got {read!r}")
+    fn = get_implementation(impl)
+
+    arrays = (k, v, q, theta, eta, alpha) + params0 + momentum0 + reset_to
+    dtype = jnp.result_type(*arrays)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"inputs must be floating point, got common dtype {dtype}")
+    cast = lambda xs: tuple(x.astype(dtype) for x in xs)  # noqa: E731
+    k, v, q, theta, eta, alpha = cast((k, v, q, theta, eta, alpha))
+    return fn(cast(params0), cast(momentum0), k, v, q, theta, eta, alpha, reset, model=model,
+              chunk_size=chunk_size, read=read, reset_to=cast(reset_to), **impl_options)
+
+
+def memory_read(params: Sequence[jax.Array], q: jax.Array, model: InnerModel | str) -> jax.Array:
+    """Retrieve from a given memory state without writing: f(q; P) (Titans' M*(q), eq. 15).
+
+    Args:
+      params: tuple of the inner model's parameters.
+      q: [T, d_k] queries (or a single [d_k] query).
+      model: InnerModel spec or shorthand.
+    Returns:
+      [T, d_v] (or [d_v]) reads.
+    Raises:
+      ValueError: for a parameter layout or query width that does not fit the model.
+    """
+    model = resolve_model(model)
+    params = _as_params(params, "params")
+    d_in, _ = model.check_params(params)
+    q = jnp.asarray(q)
+    if q.ndim not in (1, 2) or q.shape[-1] != d_in:
+        raise ValueError(f"q must be [T, {d_in}] or [{d_in}], got {tuple(q.shape)}")
+    return model.apply(params, q)
