@@ -1,6 +1,7 @@
 """Backbones, the LM shell and the registry. Importing this package registers every backbone."""
 
 from titans_lm.models import transformer  # noqa: F401  (registers "transformer")
+from titans_lm.models import lmm, mac, mag, mal, ttt  # noqa: F401  (register the memory backbones)
 from titans_lm.models.lm import LanguageModel, count_params
 from titans_lm.models.registry import build_model, register, registered_names
 

@@ -1,0 +1,54 @@
+"""TTT-Linear configs: ``--config=configs/ttt_linear.py:<size>``, size in tiny | 170m | 340m | 400m | 760m.
+
+TTT-Linear (Sun et al. 2024, arXiv:2407.04620) as the token mixer of Transformer++ blocks
+(``titans_lm.models.ttt``): inner model f(x) = x + LN(x W), learned W0 per head, mini-batch 16,
+no momentum and no decay (eta = alpha = 0), TTT's learnable inner learning rate
+base_lr * sigmoid(x w + b) / head_dim with base_lr 1.0, head_dim 64, no q/k normalisation. The
+paper's gate and short convolution are off by default (``model.memory.use_output_gate``,
+``model.memory.use_conv``).
+
+tiny: the shape of ``configs/transformer.py:tiny`` (d_model 256, 4 layers, SwiGLU 688, vocabulary
+8192, 256-token windows, batch 16), 4 TTT heads of 64.
+
+Paper sizes: the Titans setup (vocabulary 32K, 4K context, 0.5M tokens per batch, AdamW lr 4e-4,
+cosine, weight decay 0.1), widths and depths chosen so that the parameter count is within a few
+percent of the name (tests/test_backbones_params.py).
+"""
+
+from __future__ import annotations
+
+from titans_lm.config import base_config
+from titans_lm.models.presets import (PAPER_SIZES, check_size, memory_section, set_paper_run,
+                                      set_shell, set_tiny_run)
+
+#            d_model, n_layers, d_ff
+_PAPER = {
+    "170m": (768, 17, 2048),
+    "340m": (1024, 22, 2736),
+    "400m": (1024, 26, 2736),
+    "760m": (1536, 23, 4096),
+}
+SIZES = ("tiny",) + PAPER_SIZES
+
+
+def get_config(size: str = "tiny"):
+    """Full run config for a TTT-Linear LM of the given size.
+
+    Raises:
+      ValueError: for an unknown size (the message lists the valid ones).
+    """
+    size = check_size(size, SIZES, "ttt_linear")
+    c = base_config()
+    m = c.model
+    set_shell(m, "ttt_linear", size)
+    m.memory = memory_section(head_dim=64, memory_depth=1, memory_residual_ln=True,
+                              chunk_size=16, gate_style="ttt", ttt_base_lr=1.0,
+                              use_momentum=False, use_decay=False, use_conv=False,
+                              qk_l2_norm=False, use_output_gate=False)
+    if size == "tiny":
+        m.d_model, m.n_layers, m.d_ff = 256, 4, 688
+        set_tiny_run(c)
+    else:
+        m.d_model, m.n_layers, m.d_ff = _PAPER[size]
+        set_paper_run(c, size)
+    return c

@@ -1,0 +1,65 @@
+"""Every memory backbone's tiny config through the command line: train 2 steps (checkpoint), rerun
+to 4 steps (resumes from the checkpoint), then the run's evaluation (``--eval_after``) on the
+held-out text and WikiText-2. Test size: tinyshakespeare, vocabulary 320, 64-token windows,
+d_model 32, one layer."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from _backbones import BACKBONES, REPO
+
+OVERRIDES = {
+    "data.corpus": "tinyshakespeare", "data.vocab_size": 320, "model.vocab_size": 320,
+    "data.seq_len": 64, "model.d_model": 32, "model.n_layers": 1, "model.d_ff": 64,
+    "model.memory.head_dim": 16, "train.batch_size": 2, "train.log_every": 1,
+    "train.eval_every": 2, "train.eval_batches": 1, "train.ckpt_every": 2, "eval.batch_size": 8,
+    "eval.max_docs": 1, "optim.warmup_steps": 1, "mesh.data": 1,
+}
+PER_BACKBONE = {"mac": {"model.n_heads": 2, "model.segment_len": 32},
+                "mag": {"model.n_heads": 2, "model.window": 32},
+                "mal": {"model.n_heads": 2, "model.window": 32}}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """A data cache (tokenizer, token stores) and an XLA compilation cache (the evaluation and
+    validation steps of the two runs compile once) shared by the runs."""
+    return tmp_path_factory.mktemp("data_cache"), tmp_path_factory.mktemp("xla_cache")
+
+
+def _run(args, xla_cache):
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu",
+           "JAX_COMPILATION_CACHE_DIR": str(xla_cache)}
+    return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=REPO)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BACKBONES)
+def test_train_checkpoint_resume_eval(name, shared, tmp_path):
+    data_cache, xla_cache = shared
+    workdir = tmp_path / name
+    overrides = {**OVERRIDES, **PER_BACKBONE.get(name, {}), "data.cache_dir": data_cache}
+    args = [f"--config={REPO / 'configs' / f'{name}.py'}:tiny", f"--workdir={workdir}"]
+    args += [f"--config.{k}={v}" for k, v in overrides.items()]
+
+    p = _run(["train", *args, "--config.train.steps=2", "--eval_after=false"], xla_cache)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"model {name}:" in p.stderr and "parameters" in p.stderr
+    assert (workdir / "checkpoints" / "2").is_dir()
+
+    p = _run(["train", *args, "--config.train.steps=4"], xla_cache)  # resumes, then evaluates
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming from the checkpoint at step 2" in p.stderr
+    losses = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in losses if "loss" in r]
+    assert train_steps == [1, 2, 3, 4], train_steps
+    assert "token ppl" in p.stdout  # the evaluation table of --eval_after
+    for dataset in ("tinyshakespeare-test", "wikitext2-test"):
+        res = json.loads((workdir / f"eval_{dataset}.json").read_text())
+        assert res["step"] == 4 and res["model_name"] == name and res["model"]["n_tokens"] > 0
+        assert 1 < res["model"]["token_ppl"] < 1e4

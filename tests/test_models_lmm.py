@@ -1,0 +1,105 @@
+"""Titans LMM backbone, and the ablation switches of the memory (Titans table 5) on it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from _backbones import (build, copy_shared_params, forward, mixer_input, run_probe,
+                        small_model_cfg)
+from titans_lm.memory.inner_models import LinearMemory, MLPMemory
+from titans_lm.models.memory_mixer import MemoryMixer
+
+NP = 3  # persistent tokens of the test configs: not a multiple of the chunk size 16
+
+
+def test_causal_and_packed_documents_equal_alone():
+    model = run_probe("lmm")
+    assert isinstance(model.blocks[0].mixer, MemoryMixer) and model.blocks[0].mixer.eta_max == 0.9
+    assert model.persistent.tokens[...].shape == (NP, 32)
+
+
+def _one_layer(dtype="float64", **changes):
+    return build(small_model_cfg("lmm", dtype, n_layers=1, **changes))
+
+
+def _names(model):
+    return set(nnx.to_pure_dict(nnx.state(model.blocks[0].mixer.memory, nnx.Param)))
+
+
+def _mixer_out(model):
+    x, ids = mixer_input(n_prefix=NP)
+    return np.asarray(forward(model.blocks[0].mixer, x, ids))
+
+
+@pytest.mark.parametrize("switch,bias,gate", [("use_decay", "alpha_b", "alpha"),
+                                              ("use_momentum", "eta_b", "eta")])
+def test_gate_switch_off_is_the_gate_held_at_zero(switch, bias, gate):
+    """Off: no parameters for the gate, the gate is exactly 0, and the layer equals the on-layer
+    whose gate bias is pushed to -1e4 (sigmoid = 0 exactly)."""
+    with jax.enable_x64(True):
+        on = _one_layer()
+        off = _one_layer(**{f"memory__{switch}": False})
+        weights = {bias, bias.replace("_b", "_w")}
+        assert weights <= _names(on) and not weights & _names(off)
+        x, ids = mixer_input(n_prefix=NP)
+        inputs = off.blocks[0].mixer.memory.project(x, ids)
+        np.testing.assert_array_equal(np.asarray(getattr(inputs, gate)), 0.0)
+        assert float(jnp.max(getattr(on.blocks[0].mixer.memory.project(x, ids), gate))) > 0
+        copy_shared_params(on, off)
+        with_gate = _mixer_out(on)
+        getattr(on.blocks[0].mixer.memory, bias)[...] = jnp.full((2,), -1e4)
+        np.testing.assert_allclose(_mixer_out(on), _mixer_out(off), rtol=0, atol=1e-12)
+        assert np.abs(with_gate - _mixer_out(off)).max() > 1e-6
+
+
+def test_conv_off_drops_conv_and_equals_identity_taps():
+    with jax.enable_x64(True):
+        on = _one_layer()
+        off = _one_layer(memory__use_conv=False)
+        conv = {"conv_q", "conv_k", "conv_v"}
+        assert conv <= _names(on) and not conv & _names(off)
+        copy_shared_params(off, on)
+        with_conv = _mixer_out(on)
+        for c in conv:  # taps that pass the current token through (row K-1)
+            w = getattr(on.blocks[0].mixer.memory, c)
+            w[...] = jnp.zeros_like(w[...]).at[-1].set(1.0)
+        np.testing.assert_allclose(_mixer_out(on), _mixer_out(off), rtol=0, atol=1e-12)
+        assert np.abs(with_conv - _mixer_out(off)).max() > 1e-6
+
+
+def test_persistent_tokens_zero_drops_them():
+    assert "persistent" in nnx.to_pure_dict(nnx.state(_one_layer("float32"), nnx.Param))
+    model = _one_layer("float32", n_persistent=0)
+    assert model.persistent is None and model.blocks[0].mixer.n_persistent == 0
+    assert "persistent" not in nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_memory_depth_sets_the_inner_model(depth):
+    memory = _one_layer("float32", memory__memory_depth=depth).blocks[0].mixer.memory
+    shapes = [p[...].shape for p in memory.w0]
+    H, Dh, hidden = 2, 16, 32  # memory_expansion 2
+    if depth == 1:
+        assert memory.model == LinearMemory() and shapes == [(H, Dh, Dh)]
+    else:
+        assert isinstance(memory.model, MLPMemory) and memory.model.depth == depth
+        assert shapes == [(H, Dh, hidden)] + [(H, hidden, hidden)] * (depth - 2) + [(H, hidden, Dh)]
+
+
+def test_memory_depth_and_chunk_size_change_the_outputs():
+    with jax.enable_x64(True):
+        base = _one_layer()
+        out = _mixer_out(base)
+        for changes in ({"memory__memory_depth": 1}, {"memory__chunk_size": 8}):
+            other = _one_layer(**changes)
+            copy_shared_params(base, other)
+            y = _mixer_out(other)
+            assert np.isfinite(y).all() and np.abs(y - out).max() > 1e-8, changes
+
+
+def test_memory_output_projection_gets_the_residual_init():
+    cfg = small_model_cfg("lmm", "float32", d_model=256, n_layers=4, memory__head_dim=64)
+    w_out = np.asarray(build(cfg).blocks[0].mixer.memory.w_out[...])
+    assert abs(w_out.std() - 0.02 / np.sqrt(8)) < 0.002  # scaled_out_std(0.02, 4 layers)

@@ -1,0 +1,42 @@
+"""Titans MAL backbone: the memory as a residual layer, then sliding-window attention."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from _backbones import build, forward, load_config, mixer_input, run_probe, small_model_cfg
+from titans_lm.models.mal import MALMixer
+from titans_lm.nn.attention import Attention
+
+NP = 3
+
+
+def test_causal_and_packed_documents_equal_alone():
+    model = run_probe("mal")  # 3 persistent tokens, window 24
+    assert [type(b.mixer) for b in model.blocks] == [MALMixer, MALMixer]
+    assert model.persistent.tokens[...].shape == (NP, 32)
+
+
+def test_layers_without_memory_are_sliding_window_attention():
+    model = build(small_model_cfg("mal", "float32", memory_layers="0"))
+    assert type(model.blocks[0].mixer) is MALMixer
+    assert type(model.blocks[1].mixer) is Attention and model.blocks[1].mixer.window == 24
+
+
+def test_memory_feeds_the_attention():
+    """o = SWA(x + M(x)): with a silent memory (W_O = 0) the layer is its attention alone, and the
+    memory's W_O starts at the residual init (small), so at initialisation the layer is close to
+    it."""
+    mixer = build(small_model_cfg("mal", "float32", n_layers=1)).blocks[0].mixer
+    x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
+    full = np.asarray(forward(mixer, x, ids))
+    attn_only = np.asarray(forward(mixer.attention, x, ids))
+    assert 0 < np.abs(full - attn_only).max() < 0.5 * np.abs(attn_only).max()
+    mixer.memory.w_out[...] = jnp.zeros_like(mixer.memory.w_out[...])
+    np.testing.assert_allclose(np.asarray(forward(mixer, x, ids)), attn_only, rtol=1e-6, atol=1e-7)
+
+
+def test_config():
+    cfg = load_config("mal").model
+    assert cfg.window == 64 and cfg.n_persistent == 4 and cfg.memory_layers == "all"
+    assert abs(float(np.asarray(build(small_model_cfg("mal", "float32", n_layers=4))
+                                .blocks[0].mixer.memory.w_out[...]).std()) - 0.02 / np.sqrt(8)) < 0.004

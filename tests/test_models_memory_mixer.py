@@ -1,0 +1,123 @@
+"""The memory as a token mixer: config mapping, persistent prefixes, layer selection."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from titans_lm.memory.config import MemoryConfig
+from titans_lm.memory.layer import NeuralMemory
+from titans_lm.models.memory_mixer import (MemoryMixer, bound_momentum, make_memory,
+                                           memory_config, memory_eta_max, memory_layer_indices,
+                                           prefixed_memory)
+from titans_lm.models.presets import memory_section
+
+
+def _model_cfg(**memory):
+    return ml_collections.ConfigDict({"name": "x", "d_model": 32, "dtype": "float64",
+                                      "param_dtype": "float64",
+                                      "memory": memory_section(**{"head_dim": 16, **memory})})
+
+
+def test_memory_config_maps_the_section():
+    cfg = memory_config(_model_cfg(chunk_size=8, use_decay=False))
+    assert cfg == MemoryConfig(d_model=32, n_heads=2, head_dim=16, chunk_size=8, use_decay=False,
+                               dtype="float64", param_dtype="float64")
+    assert memory_config(_model_cfg(n_heads=3)).n_heads == 3  # explicit head count kept
+    with pytest.raises(ValueError, match="head_dim=12 must divide model.d_model=32"):
+        memory_config(_model_cfg(head_dim=12))
+    with pytest.raises(ValueError, match="unknown MemoryConfig field"):
+        m = _model_cfg()
+        m.memory.bogus = 1
+        memory_config(m)
+    with pytest.raises(ValueError, match="taken from the model section"):
+        m = _model_cfg()
+        m.memory.dtype = "float32"
+        memory_config(m)
+    with pytest.raises(ValueError, match="no 'memory' section"):
+        memory_config(ml_collections.ConfigDict({"name": "x", "d_model": 32}))
+
+
+def test_memory_layer_indices():
+    assert memory_layer_indices("all", 3) == {0, 1, 2}
+    assert memory_layer_indices("none", 3) == set()
+    assert memory_layer_indices("0, 2", 3) == {0, 2}
+    assert memory_layer_indices("-1", 3) == {2}
+    with pytest.raises(ValueError, match="outside the 3 layers"):
+        memory_layer_indices("3", 3)
+    with pytest.raises(ValueError, match="'all', 'none' or comma-separated"):
+        memory_layer_indices("every other", 3)
+
+
+def _memory(**kw):
+    cfg = MemoryConfig(d_model=32, n_heads=2, head_dim=16, chunk_size=4, dtype="float64",
+                       param_dtype="float64", **kw)
+    with nnx.use_eager_sharding(False):
+        return NeuralMemory(cfg, rngs=nnx.Rngs(0))
+
+
+def test_prefix_equals_one_sequence_through_the_memory():
+    """Without momentum and conv (which a document start resets) and with N_p a multiple of the
+    chunk size, M over [p || doc] with the prefix as its own segment equals one plain sequence."""
+    with jax.enable_x64(True):
+        mem = _memory(use_momentum=False, use_conv=False)
+        x = jax.random.normal(jax.random.key(0), (1, 4 + 20, 32), jnp.float64)
+        ids = jnp.asarray([[-1] * 4 + [1] * 20])
+        got = nnx.jit(lambda m, x, s: prefixed_memory(m, x, s, 4))(mem, x, ids)
+        want = nnx.jit(lambda m, x, s: m(x, s))(mem, x, jnp.ones_like(ids))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+def test_every_document_starts_from_the_prefix_state():
+    """N_p = 3 (not a chunk multiple): two packed documents equal each alone after the prefix."""
+    with jax.enable_x64(True):
+        mixer = MemoryMixer(_memory(), n_persistent=3)
+        key = jax.random.split(jax.random.key(1), 3)
+        p, a, b = (jax.random.normal(k, (n, 32), jnp.float64) for k, n in zip(key, (3, 8, 10)))
+        z = lambda n: jnp.zeros((n, 32), jnp.float64)  # noqa: E731
+        rows = [(jnp.concatenate([p, a, z(4), b]), [-1] * 3 + [1] * 8 + [0] * 4 + [2] * 10),
+                (jnp.concatenate([p, a, z(14)]), [-1] * 3 + [1] * 8 + [0] * 14),
+                (jnp.concatenate([p, b, z(12)]), [-1] * 3 + [5] * 10 + [0] * 12),
+                (jnp.concatenate([p + 1.0, b, z(12)]), [-1] * 3 + [5] * 10 + [0] * 12)]
+        x = jnp.stack([r[0] for r in rows])
+        ids = jnp.asarray([r[1] for r in rows], jnp.int32)
+        y = nnx.jit(lambda m, x, s: m(x, s))(mixer, x, ids)
+        np.testing.assert_allclose(y[0, :11], y[1, :11], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(y[0, 15:], y[2, 3:13], rtol=0, atol=1e-12)
+        # the persistent tokens do reach the documents through the memory state
+        assert float(jnp.abs(y[3, 3:13] - y[2, 3:13]).max()) > 1e-6
+        with pytest.raises(ValueError, match="n_prefix=13"):
+            prefixed_memory(mixer.memory, x[:, :5], ids[:, :5], 13)
+
+
+def test_make_memory_residual_init():
+    cfg = MemoryConfig(d_model=128, n_heads=2, head_dim=64, memory_depth=1)
+    with nnx.use_eager_sharding(False):
+        default = make_memory(cfg, rngs=nnx.Rngs(0))
+        scaled = make_memory(cfg, rngs=nnx.Rngs(0), out_init_std=0.005)
+    assert abs(float(jnp.std(scaled.w_out[...])) - 0.005) < 5e-4
+    assert float(jnp.std(default.w_out[...])) > 0.03  # the layer's own fan-in init
+    assert scaled.w_out.get_metadata()["out_sharding"] == ("heads", "head_dim", "embed")
+
+
+def test_momentum_bound():
+    with jax.enable_x64(True):
+        mem = _memory()
+        x = jax.random.normal(jax.random.key(4), (1, 20, 32), jnp.float64)
+        ids = jnp.ones((1, 20), jnp.int32)
+        run = nnx.jit(lambda m, x, s, e: prefixed_memory(m, x, s, 0, e), static_argnums=3)
+        # eta_max = 1: exactly the layer's own call
+        np.testing.assert_array_equal(np.asarray(run(mem, x, ids, 1.0)),
+                                      np.asarray(nnx.jit(lambda m, x, s: m(x, s))(mem, x, ids)))
+        inputs = mem.project(x, ids)
+        bounded = bound_momentum(inputs, 0.9)
+        np.testing.assert_array_equal(np.asarray(bounded.eta), 0.9 * np.asarray(inputs.eta))
+        np.testing.assert_array_equal(np.asarray(bounded.theta), np.asarray(inputs.theta))
+        assert float(jnp.abs(run(mem, x, ids, 0.5) - run(mem, x, ids, 1.0)).max()) > 1e-9
+    with pytest.raises(ValueError, match=r"memory_eta_max must be in \(0, 1\]"):
+        memory_eta_max(ml_collections.ConfigDict({"memory_eta_max": 1.5}))
+    assert memory_eta_max(ml_collections.ConfigDict({})) == 1.0
+    with pytest.raises(ValueError, match="memory_eta_max"):
+        MemoryMixer(mem, 0, eta_max=0.0)

@@ -1,0 +1,54 @@
+"""TTT-Linear and TTT-MLP backbones (the memory engine with TTT's settings)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from _backbones import build, load_config, mixer_input, run_probe, small_model_cfg
+from titans_lm.memory.inner_models import LinearMemory, MLPMemory, ResidualLN
+from titans_lm.models.memory_mixer import MemoryMixer
+
+
+@pytest.mark.parametrize("name", ["ttt_linear", "ttt_mlp"])
+def test_causal_and_packed_documents_equal_alone(name):
+    model = run_probe(name)
+    assert isinstance(model.blocks[0].mixer, MemoryMixer) and model.persistent is None
+
+
+@pytest.mark.parametrize("name,inner,base_lr", [
+    ("ttt_linear", ResidualLN(LinearMemory()), 1.0),
+    ("ttt_mlp", ResidualLN(MLPMemory(depth=2, expansion=4.0, activation="gelu_tanh")), 0.1)])
+def test_ttt_settings(name, inner, base_lr):
+    cfg = load_config(name).model
+    assert cfg.memory.chunk_size == 16 and cfg.memory.head_dim == 64
+    memory = build(small_model_cfg(name, "float32", n_layers=1)).blocks[0].mixer.memory
+    assert memory.model == inner
+    names = set(nnx.to_pure_dict(nnx.state(memory, nnx.Param)))
+    assert "w0" in names and not {"eta_w", "eta_b", "alpha_w", "alpha_b", "conv_q", "w_gate"} & names
+    # learned W0 per head: the inner model's matrices, then the LayerNorm scale and shift
+    shapes = [p[...].shape for p in memory.w0]
+    assert shapes[-2:] == [(2, 16), (2, 16)]
+    x, ids = mixer_input(dtype=jnp.float32)
+    g = memory.project(x, ids)
+    np.testing.assert_array_equal(np.asarray(g.eta), 0.0)  # no momentum
+    np.testing.assert_array_equal(np.asarray(g.alpha), 0.0)  # no decay
+    real = np.asarray(ids != 0)[:, None, :]
+    theta = np.asarray(g.theta)
+    # TTT's inner learning rate base_lr * sigmoid(.) / head_dim, 0 on padding
+    assert (theta[np.broadcast_to(real, theta.shape)] > 0).all()
+    assert theta.max() < base_lr / 16 and (theta[np.broadcast_to(~real, theta.shape)] == 0).all()
+
+
+def test_gate_and_conv_variant():
+    model = run_probe("ttt_linear", memory__use_output_gate=True, memory__use_conv=True)
+    names = set(nnx.to_pure_dict(nnx.state(model.blocks[0].mixer.memory, nnx.Param)))
+    assert {"w_gate", "conv_q", "conv_k", "conv_v"} <= names
+
+
+def test_name_and_inner_model_must_agree():
+    with pytest.raises(ValueError, match="memory_depth = 1"):
+        build(small_model_cfg("ttt_linear", "float32", memory__memory_depth=2))
+    with pytest.raises(ValueError, match="memory_depth >= 2"):
+        build(small_model_cfg("ttt_mlp", "float32", memory__memory_depth=1))

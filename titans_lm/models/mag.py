@@ -1,0 +1,96 @@
+"""Titans MAG, Memory as a Gate (Behrouz et al. 2025, arXiv:2501.00663, section 4.2, eqs. 26-28).
+
+    x~ = [p_1 .. p_Np || x]          persistent tokens, prepended once by the LM shell
+    y  = SW-Attn*(x~)                sliding-window causal attention (persistent tokens always visible)
+    m  = M(x~)                       the neural memory over the same sequence, in parallel
+    o  = (RMSNorm_y(y) * sigmoid(RMSNorm_m(m))) W_O     the non-linear gate y ⊗ M(x~)
+
+(``titans_lm.nn.gated_combine``: both branches normalised with learned vector-valued weights, then
+a sigmoid gate and the output projection.) Each block is x + o(RMSNorm(x)), then the SwiGLU MLP.
+The memory writes the persistent tokens first, so every document starts from the state they leave
+(``titans_lm.models.memory_mixer.prefixed_memory``). Outputs at persistent positions carry no loss
+(the shell strips them before the LM head).
+
+Layers listed by ``memory_layers`` ("all" by default) are MAG layers; the others are plain
+sliding-window attention with the same window.
+
+Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads`` (attention heads),
+``rope_theta``, ``window`` (sliding window in tokens; 0 = full causal attention), ``n_persistent``,
+``memory_layers``, ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``) and optionally
+``memory_eta_max`` (bound of the momentum gate, ``memory_mixer.bound_momentum``; default 1).
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from titans_lm.memory.layer import NeuralMemory
+from titans_lm.models.lm import LanguageModel, check_model_config
+from titans_lm.models.memory_mixer import (check_eta_max, make_memory, memory_config,
+                                           memory_eta_max, memory_layer_indices, prefixed_memory)
+from titans_lm.models.registry import register
+from titans_lm.nn.attention import Attention
+from titans_lm.nn.dtypes import to_dtype
+from titans_lm.nn.gated_combine import GatedCombine
+from titans_lm.nn.init import scaled_out_std
+
+HYBRID_FIELDS = ("n_heads", "rope_theta", "window", "n_persistent", "memory_layers", "memory")
+
+
+class MAGMixer(nnx.Module):
+    """``mixer(x_BSD, segment_ids_BS) -> o_BSD``: attention and memory in parallel, gated.
+
+    Args:
+      attention: sliding-window ``Attention`` (attribute ``attention``).
+      memory: ``NeuralMemory`` (attribute ``memory``).
+      combine: ``GatedCombine`` (attribute ``combine``).
+      n_persistent: number of persistent positions at the front of the sequence.
+      eta_max: bound of the memory's momentum gate (``memory_mixer.bound_momentum``).
+    """
+
+    def __init__(self, attention: Attention, memory: NeuralMemory, combine: GatedCombine,
+                 n_persistent: int, eta_max: float = 1.0):
+        self.attention, self.memory, self.combine = attention, memory, combine
+        self.n_persistent, self.eta_max = n_persistent, check_eta_max(float(eta_max))
+
+    def __call__(self, x_BSD: jax.Array, segment_ids_BS: jax.Array) -> jax.Array:
+        y = self.attention(x_BSD, segment_ids_BS)
+        m = prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent, self.eta_max)
+        return self.combine(y, m)
+
+
+def hybrid_attention(model_cfg, out_init_std: float, *, rngs: nnx.Rngs) -> Attention:
+    """The sliding-window attention of a MAG/MAL layer (or of a layer without memory)."""
+    return Attention(model_cfg.d_model, model_cfg.n_heads, rope_theta=model_cfg.rope_theta,
+                     window=int(model_cfg.window) or None, dtype=to_dtype(model_cfg.dtype),
+                     param_dtype=to_dtype(model_cfg.get("param_dtype", "float32")),
+                     init_std=model_cfg.init_std, out_init_std=out_init_std, rngs=rngs)
+
+
+@register("mag")
+def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
+    """Titans MAG LM from a model config (see module docstring).
+
+    Raises:
+      ValueError: on missing fields or invalid sizes / memory settings.
+    """
+    check_model_config(model_cfg)
+    check_model_config(model_cfg, HYBRID_FIELDS)
+    mcfg = memory_config(model_cfg)
+    n_p = int(model_cfg.n_persistent)
+    layers = memory_layer_indices(model_cfg.memory_layers, model_cfg.n_layers)
+    out_std = scaled_out_std(model_cfg.init_std, model_cfg.n_layers)
+    dtype = to_dtype(model_cfg.dtype)
+    param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
+
+    def make_mixer(layer: int, rngs: nnx.Rngs):
+        if layer not in layers:
+            return hybrid_attention(model_cfg, out_std, rngs=rngs)
+        attention = hybrid_attention(model_cfg, model_cfg.init_std, rngs=rngs)
+        memory = make_memory(mcfg, rngs=rngs)
+        combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
+                               param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
+        return MAGMixer(attention, memory, combine, n_p, memory_eta_max(model_cfg))
+
+    return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)
