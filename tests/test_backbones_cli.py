@@ -1,10 +1,11 @@
-"""Every memory backbone's tiny config through the command line: train 2 steps (checkpoint), rerun
-to 4 steps (resumes from the checkpoint), then the run's evaluation (``--eval_after``) on the
-held-out text and WikiText-2. Test size: tinyshakespeare, vocabulary 320, 64-token windows,
-d_model 32, one layer."""
+"""Every memory backbone's tiny config through the command line: train with checkpoints, resume
+from a checkpoint, then the run's evaluation (``--eval_after``) on the held-out text and
+WikiText-2. Test size: tinyshakespeare, vocabulary 320, 64-token windows, d_model 32, one layer."""
 
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -26,8 +27,8 @@ PER_BACKBONE = {"mac": {"model.n_heads": 2, "model.segment_len": 32},
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    """A data cache (tokenizer, token stores) and an XLA compilation cache (the evaluation and
-    validation steps of the two runs compile once) shared by the runs."""
+    """A data cache (tokenizer, token stores) and an XLA compilation cache (the rerun finds its
+    train and validation steps compiled) shared by the runs."""
     return tmp_path_factory.mktemp("data_cache"), tmp_path_factory.mktemp("xla_cache")
 
 
@@ -41,25 +42,37 @@ def _run(args, xla_cache):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", BACKBONES)
 def test_train_checkpoint_resume_eval(name, shared, tmp_path):
+    """Train 4 steps (checkpoints at 2 and 4), drop the step-4 checkpoint as if the run had been
+    stopped after step 2, rerun: it resumes at step 2, repeats steps 3-4 with the same losses
+    (the same compiled step, from the compilation cache), and evaluates."""
     data_cache, xla_cache = shared
     workdir = tmp_path / name
     overrides = {**OVERRIDES, **PER_BACKBONE.get(name, {}), "data.cache_dir": data_cache}
-    args = [f"--config={REPO / 'configs' / f'{name}.py'}:tiny", f"--workdir={workdir}"]
+    args = [f"--config={REPO / 'configs' / f'{name}.py'}:tiny", f"--workdir={workdir}",
+            "--config.train.steps=4"]
     args += [f"--config.{k}={v}" for k, v in overrides.items()]
 
-    p = _run(["train", *args, "--config.train.steps=2", "--eval_after=false"], xla_cache)
+    p = _run(["train", *args, "--eval_after=false"], xla_cache)
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"model {name}:" in p.stderr and "parameters" in p.stderr
-    assert (workdir / "checkpoints" / "2").is_dir()
+    first = _train_losses(workdir)
+    assert sorted(first) == [1, 2, 3, 4] and all(math.isfinite(v) for v in first.values())
+    shutil.rmtree(workdir / "checkpoints" / "4")
 
-    p = _run(["train", *args, "--config.train.steps=4"], xla_cache)  # resumes, then evaluates
+    p = _run(["train", *args], xla_cache)  # resumes, then evaluates (--eval_after)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resuming from the checkpoint at step 2" in p.stderr
-    losses = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    train_steps = [r["step"] for r in losses if "loss" in r]
-    assert train_steps == [1, 2, 3, 4], train_steps
-    assert "token ppl" in p.stdout  # the evaluation table of --eval_after
+    again = _train_losses(workdir)
+    assert sorted(again) == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert abs(again[step] - first[step]) <= 1e-5 * abs(first[step]), (step, first, again)
+    assert "token ppl" in p.stdout  # the evaluation table
     for dataset in ("tinyshakespeare-test", "wikitext2-test"):
         res = json.loads((workdir / f"eval_{dataset}.json").read_text())
         assert res["step"] == 4 and res["model_name"] == name and res["model"]["n_tokens"] > 0
         assert 1 < res["model"]["token_ppl"] < 1e4
+
+
+def _train_losses(workdir):
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}

@@ -1,6 +1,5 @@
 """Titans MAG backbone: sliding-window attention and the memory in parallel, combined by a gate."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

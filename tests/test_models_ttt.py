@@ -1,6 +1,5 @@
 """TTT-Linear and TTT-MLP backbones (the memory engine with TTT's settings)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,12 +16,15 @@ def test_causal_and_packed_documents_equal_alone(name):
     assert isinstance(model.blocks[0].mixer, MemoryMixer) and model.persistent is None
 
 
-@pytest.mark.parametrize("name,inner,base_lr", [
+@pytest.mark.parametrize("name,inner,paper_lr", [
     ("ttt_linear", ResidualLN(LinearMemory()), 1.0),
     ("ttt_mlp", ResidualLN(MLPMemory(depth=2, expansion=4.0, activation="gelu_tanh")), 0.1)])
-def test_ttt_settings(name, inner, base_lr):
+def test_ttt_settings(name, inner, paper_lr):
     cfg = load_config(name).model
     assert cfg.memory.chunk_size == 16 and cfg.memory.head_dim == 64
+    # TTT's base lr for its 0.5-scaled loss and mini-batch mean, in the engine's convention
+    base_lr = cfg.memory.ttt_base_lr
+    assert base_lr == paper_lr / (2 * cfg.memory.chunk_size)
     memory = build(small_model_cfg(name, "float32", n_layers=1)).blocks[0].mixer.memory
     assert memory.model == inner
     names = set(nnx.to_pure_dict(nnx.state(memory, nnx.Param)))

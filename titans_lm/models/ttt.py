@@ -10,13 +10,17 @@ The TTT layer is the memory engine with the TTT settings of the config's ``memor
 - mini-batch gradient descent with mini-batch (chunk) size 16, no momentum and no decay
   (eta = alpha = 0 exactly: ``use_momentum = use_decay = False``);
 - the learnable inner learning rate theta = base_lr * sigmoid(x w_theta + b) / head_dim
-  (``gate_style = "ttt"``, base_lr 1.0 for TTT-Linear and 0.1 for TTT-MLP);
+  (``gate_style = "ttt"``; TTT's base_lr 1.0 for TTT-Linear and 0.1 for TTT-MLP, divided by
+  2 b in the configs: TTT's loss has a factor 1/2 and its mini-batch step is the mean of the b
+  gradients, the engine's the sum without 1/2);
 - the read f(q_t; W_t) after token t's own write (the dual form computes it exactly).
 
 Options: the paper's gate (``use_output_gate``: output * SiLU(x W_g), its Mamba-backbone variant)
 and causal short convolution on q, k, v (``use_conv``). Differences from the reference
-implementation: the layer's projections pass through SiLU (the memory layer's fixed choice), there
-is no RoPE inside the TTT layer, and the output norm is an RMSNorm per head.
+implementation: the layer's projections pass through SiLU (the memory layer's fixed choice) and
+start from a fan-in init (TTT: normal(0.02)), there is no RoPE inside the TTT layer, reads inside a
+mini-batch average the gradients so far with 1/b rather than TTT's 1/i (the states after each
+mini-batch are TTT's), and the output norm is an RMSNorm per head.
 
 Registered names: ``ttt_linear`` (requires memory_depth 1) and ``ttt_mlp`` (memory_depth >= 2).
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS`` and ``memory`` (see
