@@ -8,7 +8,8 @@ short convolution, output gate, head_dim 64, mini-batch (chunk) 16, inner learni
 persistent tokens.
 
 tiny: the shape of ``configs/transformer.py:tiny`` (d_model 256, 4 layers, SwiGLU 688, vocabulary
-8192, 256-token windows, batch 16) with 4 memory heads of 64 and 4 persistent tokens.
+8192, 256-token windows, batch 8, 800 steps: ``titans_lm.models.presets.set_tiny_run``) with 4
+memory heads of 64 and 4 persistent tokens.
 
 Paper sizes (Titans, Behrouz et al. 2025, section 5.1: vocabulary 32K, 4K context, 0.5M tokens per
 batch, AdamW lr 4e-4, cosine, weight decay 0.1): widths and depths chosen so that the parameter
@@ -21,9 +22,7 @@ Ablation switches (Titans table 5) are fields of ``model.memory``: ``use_momentu
 
 from __future__ import annotations
 
-from titans_lm.config import base_config
-from titans_lm.models.presets import (PAPER_SIZES, check_size, set_paper_run, set_shell,
-                                      set_titans_memory, set_tiny_run)
+from titans_lm.models.presets import PAPER_SIZES, titans_config
 
 #            d_model, n_layers, d_ff
 _PAPER = {
@@ -41,17 +40,4 @@ def get_config(size: str = "tiny"):
     Raises:
       ValueError: for an unknown size (the message lists the valid ones).
     """
-    size = check_size(size, SIZES, "lmm")
-    c = base_config()
-    m = c.model
-    set_shell(m, "lmm", size)
-    set_titans_memory(m)
-    if size == "tiny":
-        m.d_model, m.n_layers, m.d_ff = 256, 4, 688
-        m.n_persistent = 4
-        set_tiny_run(c)
-    else:
-        m.d_model, m.n_layers, m.d_ff = _PAPER[size]
-        m.n_persistent = 16
-        set_paper_run(c, size)
-    return c
+    return titans_config("lmm", size, _PAPER, shape_fields=("d_model", "n_layers", "d_ff"))

@@ -18,8 +18,8 @@ inside a segment gets a shorter first segment).
 the others run the same segment attention without a memory.
 
 tiny: the shape of ``configs/transformer.py:tiny`` (d_model 256, 4 layers, 4 attention heads,
-SwiGLU 688, vocabulary 8192, 256-token windows, batch 16), 4 memory heads of 64, 4 persistent
-tokens.
+SwiGLU 688, vocabulary 8192, 256-token windows, batch 8, 800 steps:
+``titans_lm.models.presets.set_tiny_run``), 4 memory heads of 64, 4 persistent tokens.
 
 Paper sizes (Titans, Behrouz et al. 2025, section 5.1: vocabulary 32K, 4K context, 0.5M tokens per
 batch, AdamW lr 4e-4, cosine, weight decay 0.1): widths and depths chosen so that the parameter
@@ -31,9 +31,7 @@ Ablation switches are fields of ``model.memory`` (``use_momentum``, ``use_decay`
 
 from __future__ import annotations
 
-from titans_lm.config import base_config
-from titans_lm.models.presets import (PAPER_SIZES, check_size, set_paper_run, set_shell,
-                                      set_titans_memory, set_tiny_run)
+from titans_lm.models.presets import PAPER_SIZES, titans_config
 
 #            d_model, n_layers, n_heads, d_ff
 _PAPER = {
@@ -51,21 +49,9 @@ def get_config(size: str = "tiny"):
     Raises:
       ValueError: for an unknown size (the message lists the valid ones).
     """
-    size = check_size(size, SIZES, "mac")
-    c = base_config()
-    m = c.model
-    set_shell(m, "mac", size)
-    m.memory_layers = "all"
-    set_titans_memory(m)
-    tiny = size == "tiny"
-    m.segment_len = 64 if tiny else 512
-    if tiny:
-        m.d_model, m.n_layers, m.n_heads, m.d_ff = 256, 4, 4, 688
-        m.n_persistent = 4
-        set_tiny_run(c)
-    else:
-        m.d_model, m.n_layers, m.n_heads, m.d_ff = _PAPER[size]
-        m.n_persistent = 16
-        set_paper_run(c, size)
-        c.data.doc_align = m.segment_len  # documents start on segment starts
+    c = titans_config("mac", size, _PAPER)
+    c.model.memory_layers = "all"
+    c.model.segment_len = 64 if c.model.size == "tiny" else 512
+    if c.model.size != "tiny":
+        c.data.doc_align = c.model.segment_len  # documents start on segment starts
     return c

@@ -20,10 +20,7 @@ common choice at these scales). Training length: 125m 2.5B tokens (TTT's Chinchi
 from __future__ import annotations
 
 from titans_lm.config import base_config
-
-TOKENS_PER_BATCH = 524_288
-PAPER_SEQ_LEN = 4096
-PAPER_VOCAB = 32_000
+from titans_lm.models.presets import check_size, set_paper_run, set_shell, set_tiny_run
 
 #            d_model, n_layers, n_heads, d_ff, train tokens
 _PAPER_SIZES = {
@@ -40,52 +37,16 @@ def get_config(size: str = "tiny"):
     Raises:
       ValueError: for an unknown size (the message lists the valid ones).
     """
-    size = (size or "tiny").strip()
-    if size not in SIZES:
-        raise ValueError(f"unknown transformer size {size!r}; valid sizes: {list(SIZES)}")
+    size = check_size(size, SIZES, "transformer")
     c = base_config()
     m = c.model
-    m.name = "transformer"
-    m.size = size
-    m.rope_theta = 10_000.0
-    m.norm_eps = 1e-6
-    m.init_std = 0.02
-    m.param_dtype = "float32"
+    set_shell(m, "transformer", size)
     m.window = 0  # 0: full causal attention; > 0: sliding window of this many tokens
     if size == "tiny":
-        vocab = 8192
         m.d_model, m.n_layers, m.n_heads, m.d_ff = 256, 4, 4, 688
-        m.tie_embeddings = True
-        m.dtype = "float32"
-        m.remat = "none"
-        c.data.seq_len = 256
-        # Default budget: 800 steps x 8 windows x 256 tokens = 1.6M tokens, about 10-15 minutes
-        # on 2 CPU cores at ~2-2.5k train tokens/s.
-        c.train.batch_size = 8
-        c.train.steps = 800
-        c.optim.lr = 2e-3
-        c.optim.warmup_steps = 80
-        c.train.eval_every = 200
-        c.train.ckpt_every = 100
+        set_tiny_run(c)
     else:
-        vocab = PAPER_VOCAB
         d_model, n_layers, n_heads, d_ff, tokens = _PAPER_SIZES[size]
         m.d_model, m.n_layers, m.n_heads, m.d_ff = d_model, n_layers, n_heads, d_ff
-        m.tie_embeddings = False
-        m.dtype = "bfloat16"
-        m.remat = "block"
-        c.train.compute_dtype = "bfloat16"
-        c.data.seq_len = PAPER_SEQ_LEN
-        c.train.batch_size = TOKENS_PER_BATCH // PAPER_SEQ_LEN
-        c.train.steps = tokens // TOKENS_PER_BATCH
-        c.optim.lr = 4e-4
-        c.optim.end_lr_ratio = 0.1
-        c.optim.warmup_steps = min(2000, c.train.steps // 10)
-        c.optim.b1, c.optim.b2 = 0.9, 0.95
-        c.optim.weight_decay = 0.1
-        c.optim.clip_norm = 1.0
-        c.train.eval_every = 1000
-        c.train.ckpt_every = 1000
-    c.data.vocab_size = vocab
-    m.vocab_size = vocab
+        set_paper_run(c, size, train_tokens=tokens)
     return c

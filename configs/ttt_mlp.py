@@ -9,7 +9,8 @@ The paper's gate and short convolution are off by default (``model.memory.use_ou
 ``model.memory.use_conv``).
 
 tiny: the shape of ``configs/transformer.py:tiny`` (d_model 256, 4 layers, SwiGLU 688, vocabulary
-8192, 256-token windows, batch 16), 4 TTT heads of 64.
+8192, 256-token windows, batch 8, 800 steps: ``titans_lm.models.presets.set_tiny_run``), 4 TTT
+heads of 64.
 
 Paper sizes: the Titans setup (vocabulary 32K, 4K context, 0.5M tokens per batch, AdamW lr 4e-4,
 cosine, weight decay 0.1), widths and depths chosen so that the parameter count is within a few
@@ -18,9 +19,7 @@ percent of the name (tests/test_backbones_params.py).
 
 from __future__ import annotations
 
-from titans_lm.config import base_config
-from titans_lm.models.presets import (PAPER_SIZES, check_size, memory_section, set_paper_run,
-                                      set_shell, set_tiny_run)
+from titans_lm.models.presets import PAPER_SIZES, backbone_config, memory_section
 
 #            d_model, n_layers, d_ff
 _PAPER = {
@@ -46,19 +45,9 @@ def get_config(size: str = "tiny"):
     Raises:
       ValueError: for an unknown size (the message lists the valid ones).
     """
-    size = check_size(size, SIZES, "ttt_mlp")
-    c = base_config()
-    m = c.model
-    set_shell(m, "ttt_mlp", size)
-    m.memory = memory_section(head_dim=64, memory_depth=2, memory_expansion=4.0,
-                              memory_activation="gelu_tanh", memory_residual_ln=True,
-                              chunk_size=16, gate_style="ttt", ttt_base_lr=TTT_BASE_LR,
-                              use_momentum=False, use_decay=False, use_conv=False,
-                              qk_l2_norm=False, use_output_gate=False)
-    if size == "tiny":
-        m.d_model, m.n_layers, m.d_ff = 256, 4, 688
-        set_tiny_run(c)
-    else:
-        m.d_model, m.n_layers, m.d_ff = _PAPER[size]
-        set_paper_run(c, size)
-    return c
+    memory = memory_section(head_dim=64, memory_depth=2, memory_expansion=4.0,
+                            memory_activation="gelu_tanh", memory_residual_ln=True,
+                            chunk_size=16, gate_style="ttt", ttt_base_lr=TTT_BASE_LR,
+                            use_momentum=False, use_decay=False, use_conv=False,
+                            qk_l2_norm=False, use_output_gate=False)
+    return backbone_config("ttt_mlp", size, _PAPER, memory)

@@ -29,45 +29,10 @@ import json
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from titans_lm.memory import LinearMemory, MLPMemory, memory_scan
-
-
-def make_inputs(model, batch, T, d, seed=0):
-    rng = np.random.default_rng(seed)
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    params0 = model.init(jax.random.key(seed), d, d, jnp.float32)
-    params0 = tuple(jnp.broadcast_to(p, (batch,) + p.shape) for p in params0)
-    momentum0 = tuple(jnp.zeros_like(p) for p in params0)
-    k = jnp.asarray(unit(rng.normal(size=(batch, T, d))), jnp.float32)
-    q = jnp.asarray(unit(rng.normal(size=(batch, T, d))), jnp.float32)
-    v = jnp.asarray(rng.normal(size=(batch, T, d)), jnp.float32)
-    theta = jnp.asarray(rng.uniform(0.0, 0.1, (batch, T)), jnp.float32)
-    eta = jnp.asarray(rng.uniform(0.5, 1.0, (batch, T)), jnp.float32)
-    alpha = jnp.asarray(rng.uniform(0.0, 0.01, (batch, T)), jnp.float32)
-    return params0, momentum0, k, v, q, theta, eta, alpha
-
-
-def build_fns(impl, model, chunk, chunks_per_checkpoint):
-    options = {"chunks_per_checkpoint": chunks_per_checkpoint} if impl == "chunked" else {}
-
-    def one(params0, momentum0, k, v, q, theta, eta, alpha):
-        return memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, model=model,
-                           chunk_size=chunk, impl=impl, **options)
-
-    batched = jax.vmap(one)
-
-    def forward(*args):
-        return batched(*args)
-
-    def scalar(*args):
-        reads, (P, S) = batched(*args)
-        return jnp.sum(reads ** 2) + sum(jnp.sum(p ** 2) for p in P) + sum(jnp.sum(s) for s in S)
-
-    fwd_bwd = jax.grad(scalar, argnums=tuple(range(8)))
-    return forward, fwd_bwd
+from memory_bench_inputs import build_fns, make_inputs
+from titans_lm.memory import LinearMemory, MLPMemory
 
 
 def compile_one(fn, args):
@@ -125,7 +90,8 @@ def main():
                         if impl == "reference" and T > a.reference_max_T:
                             continue
                         args = make_inputs(model, a.batch, T, d)
-                        forward, fwd_bwd = build_fns(impl, model, chunk, a.chunks_per_checkpoint)
+                        options = {"chunks_per_checkpoint": a.chunks_per_checkpoint} if impl == "chunked" else {}
+                        forward, fwd_bwd = build_fns(impl, model, chunk, options)
                         row = {"impl": impl, "model": model_name, "d": d, "chunk": chunk, "T": T,
                                "batch": a.batch, "backend": jax.default_backend()}
                         if model_name == "mlp":

@@ -32,45 +32,13 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from titans_lm.memory import LinearMemory, MLPMemory, memory_scan
+from memory_bench_inputs import build_fns, make_inputs
+from titans_lm.memory import LinearMemory, MLPMemory
 from titans_lm.memory.pallas_plan import make_plan, resolve_backend
 
 MODELS = {"mlp": MLPMemory(depth=2, expansion=4.0, activation="silu"), "linear": LinearMemory()}
 T_PRIORITY = (16384, 4096, 65536)
-
-
-def make_inputs(model, batch, T, d, seed=0):
-    rng = np.random.default_rng(seed)
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    params0 = model.init(jax.random.key(seed), d, d, jnp.float32)
-    params0 = tuple(jnp.broadcast_to(p, (batch,) + p.shape) for p in params0)
-    momentum0 = tuple(jnp.zeros_like(p) for p in params0)
-    k = jnp.asarray(unit(rng.normal(size=(batch, T, d))), jnp.float32)
-    q = jnp.asarray(unit(rng.normal(size=(batch, T, d))), jnp.float32)
-    v = jnp.asarray(rng.normal(size=(batch, T, d)), jnp.float32)
-    # Gates in a range where the inner loop stays bounded over 65536 tokens.
-    theta = jnp.asarray(rng.uniform(0.0, 0.01, (batch, T)), jnp.float32)
-    eta = jnp.asarray(rng.uniform(0.5, 0.9, (batch, T)), jnp.float32)
-    alpha = jnp.asarray(rng.uniform(0.0, 0.001, (batch, T)), jnp.float32)
-    return params0, momentum0, k, v, q, theta, eta, alpha
-
-
-def build_fns(impl, model, chunk, options):
-    def one(params0, momentum0, k, v, q, theta, eta, alpha):
-        return memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, model=model,
-                           chunk_size=chunk, impl=impl, **options)
-
-    batched = jax.vmap(one)
-
-    def loss(*args):
-        reads, (P, S) = batched(*args)
-        return jnp.mean(reads ** 2) + sum(jnp.mean(p ** 2) for p in P) + sum(jnp.mean(s) for s in S)
-
-    forward = jax.jit(batched)
-    forward_backward = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(8))))
-    return forward, forward_backward
 
 
 def time_fn(fn, args, reps):
@@ -126,7 +94,8 @@ def main():
             skipped.append({"model": name, "T": T, "d": d, "chunk": chunk})
             continue
         model = MODELS[name]
-        args = make_inputs(model, a.batch, T, d)
+        # Gates in a range where the inner loop stays bounded over 65536 tokens.
+        args = make_inputs(model, a.batch, T, d, theta_max=0.01, eta_range=(0.5, 0.9), alpha_max=0.001)
         reads = {}
         runs = [(impl, a.precision) for impl in a.impls]
         if "pallas" in a.impls and T == 16384:
@@ -148,7 +117,7 @@ def main():
                 if isinstance(plan, str):
                     row["fallback"] = plan
             try:
-                forward, forward_backward = build_fns(impl, model, chunk, options)
+                forward, forward_backward = (jax.jit(f) for f in build_fns(impl, model, chunk, options))
                 out, c_fwd, t_fwd = time_fn(forward, args, a.reps)
                 reads[label] = out[0]
                 _, c_fb, t_fb = time_fn(forward_backward, args, a.reps)

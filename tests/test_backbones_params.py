@@ -35,7 +35,7 @@ def test_tiny_sizes_are_comparable_to_the_tiny_transformer():
     for name in BACKBONES:
         cfg = load_config(name)
         assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.vocab_size) == (256, 4, 8192)
-        assert cfg.data.seq_len == 256 and cfg.train.batch_size == 16
+        assert cfg.data.seq_len == 256 and cfg.train.batch_size == 8
         n = abstract_count(cfg)
         print(name, f"{n / 1e6:.2f}M vs transformer {base / 1e6:.2f}M")
         assert 0.9 < n / base < 1.5, f"{name}:tiny has {n:,} parameters"

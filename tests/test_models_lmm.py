@@ -62,9 +62,9 @@ def test_conv_off_drops_conv_and_equals_identity_taps():
         assert conv <= _names(on) and not conv & _names(off)
         copy_shared_params(off, on)
         with_conv = _mixer_out(on)
-        for c in conv:  # taps that pass the current token through (row K-1)
+        for c in conv:  # taps that pass the current token through (row 0)
             w = getattr(on.blocks[0].mixer.memory, c)
-            w[...] = jnp.zeros_like(w[...]).at[-1].set(1.0)
+            w[...] = jnp.zeros_like(w[...]).at[0].set(1.0)
         np.testing.assert_allclose(_mixer_out(on), _mixer_out(off), rtol=0, atol=1e-12)
         assert np.abs(with_conv - _mixer_out(off)).max() > 1e-6
 

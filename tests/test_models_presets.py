@@ -4,9 +4,9 @@ import pytest
 
 from titans_lm.config import base_config
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.models.presets import (PAPER_SIZES, TITANS_ETA_MAX, TITANS_MEMORY, check_size,
-                                      memory_section, set_paper_run, set_tiny_run,
-                                      set_titans_memory, titans_memory_section)
+from titans_lm.models.presets import (PAPER_SIZES, TITANS_ETA_MAX, TITANS_MEMORY, backbone_config,
+                                      check_size, memory_section, set_paper_run, set_tiny_run,
+                                      titans_config, titans_memory_section)
 
 
 def test_memory_section_has_every_switch():
@@ -25,7 +25,8 @@ def test_memory_section_has_every_switch():
 def test_runs():
     c = base_config()
     set_tiny_run(c)
-    assert (c.data.seq_len, c.train.batch_size, c.model.vocab_size) == (256, 16, 8192)
+    assert (c.data.seq_len, c.train.batch_size, c.model.vocab_size) == (256, 8, 8192)
+    assert (c.train.steps, c.optim.lr) == (800, 2e-3)
     for size, steps in (("170m", 28610), ("760m", 57220)):
         c = base_config()
         set_paper_run(c, size)
@@ -33,6 +34,34 @@ def test_runs():
         assert (c.optim.lr, c.optim.weight_decay, c.model.vocab_size) == (4e-4, 0.1, 32_000)
     with pytest.raises(ValueError, match="unknown paper size"):
         set_paper_run(base_config(), "1b")
+    c = base_config()
+    set_paper_run(c, "125m", train_tokens=2_500_000_000)
+    assert c.train.steps == 2_500_000_000 // 524_288
     assert check_size("", ("tiny",) + PAPER_SIZES, "x") == "tiny"
     with pytest.raises(ValueError, match="unknown lmm size 'huge'"):
         check_size("huge", ("tiny",), "lmm")
+
+
+def test_backbone_config_builds_tiny_and_paper_sizes():
+    shapes = {s: (512 + i, 2 + i, 1024 + i) for i, s in enumerate(PAPER_SIZES)}
+    memory = memory_section(head_dim=32)
+    tiny = backbone_config("lmm", "", shapes, memory)
+    m = tiny.model
+    assert (m.name, m.size, m.d_model, m.n_layers, m.d_ff) == ("lmm", "tiny", 256, 4, 688)
+    assert "n_heads" not in m and "n_persistent" not in m and "memory_eta_max" not in m
+    assert m.memory.head_dim == 32 and tiny.train.batch_size == 8
+    big = backbone_config("lmm", "340m", shapes, memory, n_persistent=(4, 16), eta_max=0.5)
+    assert (big.model.d_model, big.model.n_layers, big.model.d_ff) == shapes["340m"]
+    assert big.model.n_persistent == 16 and big.model.memory_eta_max == 0.5
+    assert big.data.seq_len == 4096 and big.model.dtype == "bfloat16"
+    with pytest.raises(ValueError, match="unknown lmm size '1b'"):
+        backbone_config("lmm", "1b", shapes, memory)
+
+
+def test_titans_config_uses_the_titans_memory():
+    shapes = {s: (768, 12, 12, 2048) for s in PAPER_SIZES}
+    c = titans_config("mag", "tiny", shapes)
+    assert c.model.n_heads == 4 and c.model.n_persistent == 4
+    assert c.model.memory_eta_max == TITANS_ETA_MAX
+    assert c.model.memory.to_dict() == titans_memory_section().to_dict()
+    assert titans_config("mag", "170m", shapes).model.n_persistent == 16

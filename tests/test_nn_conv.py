@@ -60,3 +60,16 @@ def test_bad_shapes_raise():
         causal_depthwise_conv(jnp.zeros((1, 4, 3)), jnp.zeros((2, 4)), jnp.ones((1, 4), jnp.int32))
     with pytest.raises(ValueError, match="unknown logical axis"):
         ShortConv(3, rngs=nnx.Rngs(0), axes=(None, "chan"))
+
+
+def test_trailing_channel_shape_equals_flattened_channels():
+    """The memory layer convolves [B, T, H, head_dim] per (head, channel): the same as [B, T, H*Dh]."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 9, 3, 4)).astype(np.float32)
+    w = rng.normal(size=(4, 3, 4)).astype(np.float32)
+    seg = jnp.asarray([[1] * 4 + [2] * 5, [0, 0] + [3] * 7], jnp.int32)
+    got = causal_depthwise_conv(jnp.asarray(x), jnp.asarray(w), seg)
+    flat = causal_depthwise_conv(jnp.asarray(x.reshape(2, 9, 12)), jnp.asarray(w.reshape(4, 12)), seg)
+    np.testing.assert_allclose(np.asarray(got).reshape(2, 9, 12), flat, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="conv wants"):
+        causal_depthwise_conv(jnp.asarray(x), jnp.zeros((4, 4, 3)), seg)

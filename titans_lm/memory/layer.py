@@ -31,9 +31,9 @@ from flax import nnx
 
 from titans_lm.memory import gates as gate_fns
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.memory.documents import document_index, document_starts
+from titans_lm.memory.documents import document_starts
 from titans_lm.memory.scan import memory_read, memory_scan
-from titans_lm.memory.short_conv import causal_depthwise_conv
+from titans_lm.nn.conv import causal_depthwise_conv
 
 State = tuple  # (params: tuple[[B, H, ...]], momentum: tuple[[B, H, ...]])
 
@@ -74,7 +74,8 @@ class NeuralMemory(nnx.Module):
     :meth:`output`.
 
     Parameters (logical axis names): w_q, w_k, w_v, w_gate [D, H, Dh] ("embed", "heads",
-    "head_dim"); conv_q, conv_k, conv_v [K, H, Dh] (None, "heads", "head_dim") when use_conv;
+    "head_dim"); conv_q, conv_k, conv_v [K, H, Dh] (None, "heads", "head_dim") when use_conv (row 0
+    multiplies the current token, row i the token i steps back: ``titans_lm.nn.conv``);
     theta_w / eta_w / alpha_w [D, H] ("embed", "heads") and *_b [H] ("heads",), eta and alpha only
     when momentum / decay are on; w0 (nnx.List, the inner model's initial parameters per head:
     matrices [H, d_in, d_out] ("heads", None, "memory"), vectors [H, d] ("heads", "memory"));
@@ -163,12 +164,11 @@ class NeuralMemory(nnx.Module):
         cdt, idt = self.compute_dtype, self.inner_dtype
         xc = x_BTD.astype(cdt)
         reset = document_starts(segment_ids_BT)
-        doc = document_index(segment_ids_BT)
 
         def qkv(w, conv):
             y = jnp.einsum("btd,dhk->bthk", xc, w[...].astype(cdt))
             if cfg.use_conv:
-                y = causal_depthwise_conv(y, conv[...], doc)
+                y = causal_depthwise_conv(y, conv[...].astype(y.dtype), segment_ids_BT)
             return jax.nn.silu(y).astype(idt)
 
         q = qkv(self.w_q, getattr(self, "conv_q", None))

@@ -101,6 +101,43 @@ class KernelCoefficients(NamedTuple):
     M_end: jax.Array
 
 
+class KernelRefs(NamedTuple):
+    """The refs of one kernel call, in the order both kernels (GPU and TPU) receive them.
+
+    Inputs: k, v, q, the gate rows and columns, then the state the sequence starts from
+    (P0: parameters, S0: momentum) and R (reset flags per chunk), n_params refs each. Outputs:
+    reads, the final state (P, S), and with ``save_states`` the chunk-group boundary states
+    (bnd_P, bnd_S; empty tuples otherwise).
+    """
+    k: object
+    v: object
+    q: object
+    rows: object
+    cols: object
+    P0: tuple
+    S0: tuple
+    R: tuple
+    reads: object
+    P: tuple
+    S: tuple
+    bnd_P: tuple
+    bnd_S: tuple
+
+
+def split_refs(refs: Sequence, n_params: int, save_states: bool) -> KernelRefs:
+    """Name the flat ``refs`` of a kernel body (see :class:`KernelRefs`)."""
+    n = n_params
+    k, v, q, rows, cols = refs[:5]
+    rest = tuple(refs[5:])
+
+    def group(i):  # the i-th run of n refs; the single reads ref sits between runs 2 and 3
+        start = i * n + (1 if i >= 3 else 0)
+        return rest[start:start + n]
+
+    return KernelRefs(k, v, q, rows, cols, group(0), group(1), group(2), rest[3 * n], group(3),
+                      group(4), group(5) if save_states else (), group(6) if save_states else ())
+
+
 def _safe_log(g):
     return jnp.log(jnp.maximum(g, jnp.finfo(g.dtype).tiny))
 

@@ -36,16 +36,8 @@ _DEFAULT_VMEM_BYTES = 12 * 2 ** 20
 def _kernel(plan: KernelPlan, save_states: bool, n_params: int, *refs):
     cdt = jnp.dtype(plan.compute_dtype)
     b, g = plan.chunk_size, plan.group
-    k_ref, v_ref, q_ref, rows_ref, cols_ref = refs[:5]
-    rest = refs[5:]
-    P0 = rest[:n_params]
-    S0 = rest[n_params:2 * n_params]
-    R = rest[2 * n_params:3 * n_params]
-    reads_ref = rest[3 * n_params]
-    P = rest[3 * n_params + 1:4 * n_params + 1]
-    S = rest[4 * n_params + 1:5 * n_params + 1]
-    bnd_P = rest[5 * n_params + 1:6 * n_params + 1] if save_states else ()
-    bnd_S = rest[6 * n_params + 1:7 * n_params + 1] if save_states else ()
+    k_ref, v_ref, q_ref, rows_ref, cols_ref, P0, S0, R, reads_ref, P, S, bnd_P, bnd_S = \
+        pc.split_refs(refs, n_params, save_states)
     precision = plan.lax_precision()
     if plan.kind == "linear":
         tiles = pc.linear_tiles(plan.d_k, 0, plan.block_v)

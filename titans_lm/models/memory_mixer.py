@@ -21,7 +21,6 @@ Shared by the memory backbones (TTT-Linear, TTT-MLP, Titans LMM, MAC, MAG, MAL):
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import jax
@@ -30,7 +29,6 @@ from flax import nnx
 
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import MemoryInputs, NeuralMemory
-from titans_lm.memory.scan import memory_scan
 from titans_lm.models.lm import LanguageModel, check_model_config
 from titans_lm.nn.init import normal_param, scaled_out_std
 
@@ -134,22 +132,8 @@ def scan_with_reset_to(memory: NeuralMemory, state, inputs: MemoryInputs, reset_
     Returns:
       (reads [B, H, T, Dh], final state), inner dtype.
     """
-    cfg = memory.cfg
-    options = {"chunks_per_checkpoint": cfg.chunks_per_checkpoint} if cfg.impl == "chunked" else {}
-    engine = functools.partial(memory_scan, model=memory.model, chunk_size=cfg.chunk_size,
-                               impl=cfg.impl, read=cfg.read, **options)
-
-    def one(p, m, k, v, q, th, et, al, rs, p0):
-        return engine(p, m, k, v, q, th, et, al, reset=rs, reset_to=p0)
-
-    over_heads = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0))
-    over_batch = jax.vmap(over_heads)
-    idt = memory.inner_dtype
-    cast = lambda xs: tuple(x.astype(idt) for x in xs)  # noqa: E731
-    params, momentum = state
-    return over_batch(cast(params), cast(momentum), inputs.k.astype(idt), inputs.v.astype(idt),
-                      inputs.q.astype(idt), inputs.theta.astype(idt), inputs.eta.astype(idt),
-                      inputs.alpha.astype(idt), inputs.reset, cast(reset_to))
+    return memory.scan(state, inputs.q, inputs.k, inputs.v, inputs.theta, inputs.eta, inputs.alpha,
+                       inputs.reset, reset_to=reset_to)
 
 
 def bound_momentum(inputs: MemoryInputs, eta_max: float) -> MemoryInputs:

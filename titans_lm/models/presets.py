@@ -3,14 +3,17 @@
 - :func:`memory_section`: a ``model.memory`` ConfigDict with every ``MemoryConfig`` field (so any
   switch can be overridden from the command line, e.g. ``--config.model.memory.use_decay=False``);
   ``n_heads = 0`` means ``d_model // head_dim``.
-- :func:`titans_memory_section`, :func:`set_titans_memory`: the memory settings shared by the
+- :func:`titans_memory_section`, :func:`titans_config`: the memory settings shared by the
   Titans backbones (LMM, MAC, MAG, MAL), with the stability bounds explained at TITANS_MEMORY.
-- :func:`set_tiny_run`: the CPU-sized run of ``configs/transformer.py:tiny`` (vocabulary 8192,
-  256-token windows, batch 16, float32, tied embeddings), so tiny backbones compare fairly.
+- :func:`set_tiny_run`: the CPU-sized run shared by every tiny config, Transformer++ included
+  (vocabulary 8192, 256-token windows, batch 8, 800 steps = 1.6M tokens, AdamW lr 2e-3, float32,
+  tied embeddings), so tiny backbones compare fairly.
 - :func:`set_paper_run`: the Titans paper's training setup (Behrouz et al. 2025, section 5.1):
   vocabulary 32K, 4K context, 0.5M tokens per batch, AdamW lr 4e-4 with cosine decay, weight decay
   0.1; 15B training tokens for 170M/340M/400M and 30B for 760M; bfloat16 compute, remat per block,
-  untied LM head (as ``configs/transformer.py``'s paper sizes).
+  untied LM head (``configs/transformer.py``'s paper sizes use it with their own token budgets).
+- :func:`backbone_config`: the whole config of a memory backbone at a size, which each
+  ``configs/<name>.py`` then specialises (window, segment length, memory layers).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import dataclasses
 
 import ml_collections
 
+from titans_lm.config import base_config
 from titans_lm.memory.config import MemoryConfig
 
 PAPER_SIZES = ("170m", "340m", "400m", "760m")
@@ -78,12 +82,6 @@ def titans_memory_section(**overrides) -> ml_collections.ConfigDict:
     return memory_section(**{**TITANS_MEMORY, **overrides})
 
 
-def set_titans_memory(m: ml_collections.ConfigDict) -> None:
-    """``m.memory`` = :func:`titans_memory_section` and ``m.memory_eta_max`` = TITANS_ETA_MAX."""
-    m.memory = titans_memory_section()
-    m.memory_eta_max = TITANS_ETA_MAX
-
-
 def set_shell(m: ml_collections.ConfigDict, name: str, size: str) -> None:
     """Fields of the LM shell that every backbone shares (``titans_lm.models.lm.SHELL_FIELDS``)."""
     m.name = name
@@ -95,25 +93,41 @@ def set_shell(m: ml_collections.ConfigDict, name: str, size: str) -> None:
 
 
 def set_tiny_run(c: ml_collections.ConfigDict) -> None:
-    """The tiny CPU run (same data, batch and optimiser as ``configs/transformer.py:tiny``)."""
+    """The tiny CPU run of every ``configs/<name>.py:tiny``.
+
+    Default budget: 800 steps x 8 windows x 256 tokens = 1.6M tokens, about 10-15 minutes on 2 CPU
+    cores for the tiny Transformer++ (~2-3k train tokens/s; the memory backbones are 1-3x slower).
+    """
     m = c.model
     m.tie_embeddings = True
     m.dtype = "float32"
     m.remat = "none"
     c.data.seq_len = 256
-    c.train.batch_size = 16
+    c.train.batch_size = 8
+    c.train.steps = 800
+    c.optim.lr = 2e-3
+    c.optim.warmup_steps = 80
+    c.train.eval_every = 200
+    c.train.ckpt_every = 100
     c.data.vocab_size = TINY_VOCAB
     m.vocab_size = TINY_VOCAB
 
 
-def set_paper_run(c: ml_collections.ConfigDict, size: str) -> None:
+def set_paper_run(c: ml_collections.ConfigDict, size: str, train_tokens: int | None = None) -> None:
     """The Titans paper's training run for ``size`` (see the module docstring).
 
+    Args:
+      c: the run config, changed in place.
+      size: one of :data:`PAPER_SIZES`, or any name when ``train_tokens`` is given.
+      train_tokens: training tokens (default: the Titans budget of ``size``).
+
     Raises:
-      ValueError: for a size that is not one of :data:`PAPER_SIZES`.
+      ValueError: for a size that is not one of :data:`PAPER_SIZES` and no ``train_tokens``.
     """
-    if size not in PAPER_TRAIN_TOKENS:
-        raise ValueError(f"unknown paper size {size!r}; valid: {list(PAPER_SIZES)}")
+    if train_tokens is None:
+        if size not in PAPER_TRAIN_TOKENS:
+            raise ValueError(f"unknown paper size {size!r}; valid: {list(PAPER_SIZES)}")
+        train_tokens = PAPER_TRAIN_TOKENS[size]
     m = c.model
     m.tie_embeddings = False
     m.dtype = "bfloat16"
@@ -121,7 +135,7 @@ def set_paper_run(c: ml_collections.ConfigDict, size: str) -> None:
     c.train.compute_dtype = "bfloat16"
     c.data.seq_len = PAPER_SEQ_LEN
     c.train.batch_size = TOKENS_PER_BATCH // PAPER_SEQ_LEN
-    c.train.steps = PAPER_TRAIN_TOKENS[size] // TOKENS_PER_BATCH
+    c.train.steps = train_tokens // TOKENS_PER_BATCH
     c.optim.lr = 4e-4
     c.optim.end_lr_ratio = 0.1
     c.optim.warmup_steps = min(2000, c.train.steps // 10)
@@ -144,3 +158,64 @@ def check_size(size: str, sizes: tuple, backbone: str) -> str:
     if size not in sizes:
         raise ValueError(f"unknown {backbone} size {size!r}; valid sizes: {list(sizes)}")
     return size
+
+
+# The tiny shape shared by every backbone (that of the tiny Transformer++).
+TINY_SHAPE = {"d_model": 256, "n_layers": 4, "n_heads": 4, "d_ff": 688}
+
+
+def backbone_config(name: str, size: str, paper_shapes: dict, memory: ml_collections.ConfigDict, *,
+                    shape_fields: tuple = ("d_model", "n_layers", "d_ff"),
+                    n_persistent: tuple | None = None,
+                    eta_max: float | None = None) -> ml_collections.ConfigDict:
+    """The full run config of memory backbone ``name`` at ``size`` (tiny or a paper size).
+
+    Args:
+      name: the registered backbone name (``model.name``).
+      size: "tiny" ("" too) or one of :data:`PAPER_SIZES`.
+      paper_shapes: {paper size: tuple of the ``shape_fields`` values}.
+      memory: the ``model.memory`` section (:func:`memory_section`, :func:`titans_memory_section`).
+      shape_fields: the model fields ``paper_shapes`` gives; tiny takes them from
+        :data:`TINY_SHAPE`.
+      n_persistent: (tiny, paper sizes) persistent tokens, or None for a backbone without them.
+      eta_max: the bound of the momentum gate (``model.memory_eta_max``), or None for none.
+
+    Returns:
+      The config: shell fields, shape, memory section, then :func:`set_tiny_run` or
+      :func:`set_paper_run`.
+
+    Raises:
+      ValueError: for an unknown size (the message lists the valid ones).
+    """
+    size = check_size(size, ("tiny",) + PAPER_SIZES, name)
+    c = base_config()
+    m = c.model
+    set_shell(m, name, size)
+    tiny = size == "tiny"
+    shape = tuple(TINY_SHAPE[f] for f in shape_fields) if tiny else paper_shapes[size]
+    for field, value in zip(shape_fields, shape, strict=True):
+        m[field] = value
+    m.memory = memory
+    if eta_max is not None:
+        m.memory_eta_max = eta_max
+    if n_persistent is not None:
+        m.n_persistent = n_persistent[0] if tiny else n_persistent[1]
+    if tiny:
+        set_tiny_run(c)
+    else:
+        set_paper_run(c, size)
+    return c
+
+
+def titans_config(name: str, size: str, paper_shapes: dict, *,
+                  shape_fields: tuple = ("d_model", "n_layers", "n_heads", "d_ff")
+                  ) -> ml_collections.ConfigDict:
+    """:func:`backbone_config` of a Titans backbone (LMM, MAC, MAG, MAL): the memory
+    :data:`TITANS_MEMORY`, the momentum gate bounded by :data:`TITANS_ETA_MAX`, and 4 persistent
+    tokens at tiny, 16 at the paper sizes.
+
+    Raises:
+      ValueError: for an unknown size.
+    """
+    return backbone_config(name, size, paper_shapes, titans_memory_section(),
+                           shape_fields=shape_fields, n_persistent=(4, 16), eta_max=TITANS_ETA_MAX)

@@ -34,6 +34,41 @@ def dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_B1TS) -> jax.Array:
                                         scale=1.0 / math.sqrt(q_BTHK.shape[-1]), implementation=None)
 
 
+def attention_head_dim(d_model: int, n_heads: int, head_dim: int | None = None) -> int:
+    """The per-head width: ``head_dim``, or d_model // n_heads when None.
+
+    Raises:
+      ValueError: for n_heads < 1, d_model not divisible by n_heads (when head_dim is None), or a
+        head_dim that is odd or < 2 (RoPE rotates pairs of channels).
+    """
+    if n_heads < 1:
+        raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+    if head_dim is None:
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        head_dim = d_model // n_heads
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE) and >= 2, got {head_dim}")
+    return head_dim
+
+
+def qkvo_params(rngs: nnx.Rngs, d_model: int, n_heads: int, head_dim: int, init_std: float,
+                out_init_std: float, param_dtype) -> tuple[nnx.Param, nnx.Param, nnx.Param, nnx.Param]:
+    """The projections of multi-head attention, drawn in the order q, k, v, o.
+
+    Returns:
+      (w_q, w_k, w_v) [D, H, Dh] with logical axes ("embed", "heads", "head_dim"), N(0, init_std^2);
+      w_o [H, Dh, D] ("heads", "head_dim", "embed"), N(0, out_init_std^2); no biases.
+    """
+    shape_in, axes_in = (d_model, n_heads, head_dim), ("embed", "heads", "head_dim")
+    w_q = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
+    w_k = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
+    w_v = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
+    w_o = normal_param(rngs, (n_heads, head_dim, d_model), out_init_std,
+                       ("heads", "head_dim", "embed"), param_dtype)
+    return w_q, w_k, w_v, w_o
+
+
 class Attention(nnx.Module):
     """Causal multi-head self-attention token mixer: ``attn(x_BTD, segment_ids_BT) -> y_BTD``.
 
@@ -64,14 +99,7 @@ class Attention(nnx.Module):
                  rope_theta: float = 10000.0, window: int | None = None, dtype=jnp.float32,
                  param_dtype=jnp.float32, init_std: float = 0.02, out_init_std: float | None = None,
                  rngs: nnx.Rngs):
-        if n_heads < 1:
-            raise ValueError(f"n_heads must be >= 1, got {n_heads}")
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-            head_dim = d_model // n_heads
-        if head_dim < 2 or head_dim % 2:
-            raise ValueError(f"head_dim must be even (RoPE) and >= 2, got {head_dim}")
+        head_dim = attention_head_dim(d_model, n_heads, head_dim)
         if window is not None and window < 0:
             raise ValueError(f"window must be >= 1 (or 0/None for full attention), got {window}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
@@ -79,12 +107,8 @@ class Attention(nnx.Module):
         self.window = window or None
         self.dtype = dtype
         out_init_std = init_std if out_init_std is None else out_init_std
-        shape_in, axes_in = (d_model, n_heads, head_dim), ("embed", "heads", "head_dim")
-        self.w_q = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
-        self.w_k = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
-        self.w_v = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
-        self.w_o = normal_param(rngs, (n_heads, head_dim, d_model), out_init_std,
-                                ("heads", "head_dim", "embed"), param_dtype)
+        self.w_q, self.w_k, self.w_v, self.w_o = qkvo_params(
+            rngs, d_model, n_heads, head_dim, init_std, out_init_std, param_dtype)
 
     def __call__(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
         if x_BTD.ndim != 3 or x_BTD.shape[-1] != self.d_model:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from titans_lm.nn.attention import dot_product_attention
+from titans_lm.nn.attention import attention_head_dim, dot_product_attention, qkvo_params
 from titans_lm.nn.init import normal_param
 from titans_lm.nn.rope import apply_rope
 
@@ -91,25 +91,14 @@ class ContextAttention(nnx.Module):
                  n_persistent: int = 0, rope_theta: float = 10000.0, dtype=jnp.float32,
                  param_dtype=jnp.float32, init_std: float = 0.02, out_init_std: float | None = None,
                  rngs: nnx.Rngs):
-        if n_heads < 1:
-            raise ValueError(f"n_heads must be >= 1, got {n_heads}")
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-            head_dim = d_model // n_heads
-        if head_dim < 2 or head_dim % 2:
-            raise ValueError(f"head_dim must be even (RoPE) and >= 2, got {head_dim}")
+        head_dim = attention_head_dim(d_model, n_heads, head_dim)
         if n_persistent < 0:
             raise ValueError(f"n_persistent must be >= 0, got {n_persistent}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.n_persistent, self.rope_theta, self.dtype = n_persistent, float(rope_theta), dtype
         out_init_std = init_std if out_init_std is None else out_init_std
-        shape_in, axes_in = (d_model, n_heads, head_dim), ("embed", "heads", "head_dim")
-        self.w_q = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
-        self.w_k = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
-        self.w_v = normal_param(rngs, shape_in, init_std, axes_in, param_dtype)
-        self.w_o = normal_param(rngs, (n_heads, head_dim, d_model), out_init_std,
-                                ("heads", "head_dim", "embed"), param_dtype)
+        self.w_q, self.w_k, self.w_v, self.w_o = qkvo_params(
+            rngs, d_model, n_heads, head_dim, init_std, out_init_std, param_dtype)
         self.persistent = (normal_param(rngs, (n_persistent, d_model), init_std, (None, "embed"),
                                         param_dtype) if n_persistent else None)
 

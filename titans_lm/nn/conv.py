@@ -24,26 +24,26 @@ def causal_depthwise_conv(x_BTC: jax.Array, w_KC: jax.Array, segment_ids_BT: jax
     """Document-resetting causal depthwise convolution (pure function).
 
     Args:
-      x_BTC: [B, T, C] input.
-      w_KC: [K, C] taps; w_KC[i] multiplies the token i steps back.
+      x_BTC: [B, T, *C] input (any trailing channel shape, e.g. [H, head_dim]).
+      w_KC: [K, *C] taps, one filter per channel; w_KC[i] multiplies the token i steps back.
       segment_ids_BT: int [B, T] segment ids (see ``titans_lm.nn.segments``).
 
     Returns:
-      [B, T, C] in the promoted dtype of x and w.
+      [B, T, *C] in the promoted dtype of x and w.
 
     Raises:
       ValueError: on mismatched shapes.
     """
-    if x_BTC.ndim != 3 or w_KC.ndim != 2 or w_KC.shape[1] != x_BTC.shape[2]:
-        raise ValueError(f"conv wants x [B, T, C] and w [K, C]; got {x_BTC.shape} and {w_KC.shape}")
+    if x_BTC.ndim < 3 or w_KC.ndim != x_BTC.ndim - 1 or w_KC.shape[1:] != x_BTC.shape[2:]:
+        raise ValueError(f"conv wants x [B, T, *C] and w [K, *C]; got {x_BTC.shape} and {w_KC.shape}")
     if segment_ids_BT.shape != x_BTC.shape[:2]:
         raise ValueError(f"segment_ids shape {segment_ids_BT.shape} does not match x {x_BTC.shape[:2]}")
-    T = x_BTC.shape[1]
-    pos_BT1 = segment_positions(segment_ids_BT)[:, :, None]
+    T, extra = x_BTC.shape[1], x_BTC.ndim - 2
+    pos = segment_positions(segment_ids_BT).reshape(segment_ids_BT.shape + (1,) * extra)
     y = x_BTC * w_KC[0]
     for i in range(1, min(w_KC.shape[0], T)):
-        shifted = jnp.pad(x_BTC[:, : T - i], ((0, 0), (i, 0), (0, 0)))
-        y = y + jnp.where(pos_BT1 >= i, shifted, 0) * w_KC[i]
+        shifted = jnp.pad(x_BTC[:, : T - i], ((0, 0), (i, 0)) + ((0, 0),) * extra)
+        y = y + jnp.where(pos >= i, shifted, 0) * w_KC[i]
     return y
 
 
