@@ -1,7 +1,7 @@
 """Train every backbone's tiny config on the same data for the same token budget, evaluate, compare.
 
-    python scripts/compare_backbones.py                                   # all backbones, defaults
-    python scripts/compare_backbones.py --steps=300 --batch_size=16 --out=runs/compare
+    python scripts/compare_backbones.py                # all backbones, 300 x 8 x 256 tokens each
+    python scripts/compare_backbones.py --steps=800 --out=runs/compare_800
     python scripts/compare_backbones.py --backbones=transformer,lmm --steps=5 --eval_max_docs=1
 
 For each backbone, ``titans-lm train --config=configs/<name>.py:tiny`` runs in its own process with
@@ -44,8 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backbones", default=",".join(BACKBONES),
                    help="comma-separated config names (configs/<name>.py, size tiny)")
-    p.add_argument("--steps", type=int, default=100, help="optimiser steps per backbone")
-    p.add_argument("--batch_size", type=int, default=16, help="windows per step")
+    p.add_argument("--steps", type=int, default=300, help="optimiser steps per backbone")
+    p.add_argument("--batch_size", type=int, default=8, help="windows per step")
     p.add_argument("--seq_len", type=int, default=256, help="tokens per window")
     p.add_argument("--corpus", default="books", help="training corpus (books | tinyshakespeare)")
     p.add_argument("--seed", type=int, default=0, help="init and data-order seed, the same for all")

@@ -35,6 +35,8 @@ def test_from_a_config_section_one_to_one():
     ("gate_style", "mamba", "gate_style: must be one of"),
     ("gate_granularity", "mean", "gate_granularity: must be one of"),
     ("theta_max", 0.0, "theta_max: must be positive"),
+    ("eta_max", 0.0, r"eta_max: must be in \(0, 1\]"),
+    ("eta_max", 1.5, r"eta_max: must be in \(0, 1\]"),
     ("impl", "cuda", "impl: must be one of"),
     ("dtype", "float16", "dtype: must be one of"),
     ("read", "before", "read: must be one of"),

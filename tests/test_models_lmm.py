@@ -16,7 +16,7 @@ NP = 3  # persistent tokens of the test configs: not a multiple of the chunk siz
 
 def test_causal_and_packed_documents_equal_alone():
     model = run_probe("lmm")
-    assert isinstance(model.blocks[0].mixer, MemoryMixer) and model.blocks[0].mixer.eta_max == 0.9
+    assert isinstance(model.blocks[0].mixer, MemoryMixer) and model.blocks[0].mixer.memory.cfg.eta_max == 0.9
     assert model.persistent.tokens[...].shape == (NP, 32)
 
 

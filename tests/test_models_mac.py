@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from titans_lm.models.memory_mixer import bound_momentum
 from _backbones import build, load_config, run_probe, small_model_cfg
 from titans_lm.models.mac import MACMixer, SegmentAttentionMixer
 from titans_lm.nn.context_attention import ContextAttention
@@ -73,7 +72,7 @@ def test_read_after_own_write():
         state = jax.tree.map(lambda a: a[n], aux["state_in"])
         y = aux["y"][n]
         for t in (0, 5, 16, 21, N - 1):  # chunk starts, inside chunks, the segment end
-            w = bound_momentum(mem.project(y[:, :t + 1], ids[:, :t + 1]), mixer.eta_max)
+            w = mem.project(y[:, :t + 1], ids[:, :t + 1])  # eta bounded by the layer (eta_max)
             reads, _ = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, None)
             np.testing.assert_allclose(reads[:, :, t], aux["m_reads"][n][:, :, t], rtol=1e-10,
                                        atol=1e-12)

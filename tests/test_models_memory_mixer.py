@@ -9,9 +9,8 @@ from flax import nnx
 
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
-from titans_lm.models.memory_mixer import (MemoryMixer, bound_momentum, make_memory,
-                                           memory_config, memory_eta_max, memory_layer_indices,
-                                           prefixed_memory)
+from titans_lm.models.memory_mixer import (MemoryMixer, make_memory, memory_config,
+                                           memory_layer_indices, prefixed_memory)
 from titans_lm.models.presets import memory_section
 
 
@@ -103,21 +102,18 @@ def test_make_memory_residual_init():
 
 
 def test_momentum_bound():
+    """MemoryConfig.eta_max scales the layer's momentum gate and nothing else."""
     with jax.enable_x64(True):
-        mem = _memory()
+        free, bounded = _memory(), _memory(eta_max=0.9)  # same seed: the same parameters
         x = jax.random.normal(jax.random.key(4), (1, 20, 32), jnp.float64)
         ids = jnp.ones((1, 20), jnp.int32)
-        run = nnx.jit(lambda m, x, s, e: prefixed_memory(m, x, s, 0, e), static_argnums=3)
-        # eta_max = 1: exactly the layer's own call
-        np.testing.assert_array_equal(np.asarray(run(mem, x, ids, 1.0)),
-                                      np.asarray(nnx.jit(lambda m, x, s: m(x, s))(mem, x, ids)))
-        inputs = mem.project(x, ids)
-        bounded = bound_momentum(inputs, 0.9)
-        np.testing.assert_array_equal(np.asarray(bounded.eta), 0.9 * np.asarray(inputs.eta))
-        np.testing.assert_array_equal(np.asarray(bounded.theta), np.asarray(inputs.theta))
-        assert float(jnp.abs(run(mem, x, ids, 0.5) - run(mem, x, ids, 1.0)).max()) > 1e-9
-    with pytest.raises(ValueError, match=r"memory_eta_max must be in \(0, 1\]"):
-        memory_eta_max(ml_collections.ConfigDict({"memory_eta_max": 1.5}))
-    assert memory_eta_max(ml_collections.ConfigDict({})) == 1.0
-    with pytest.raises(ValueError, match="memory_eta_max"):
-        MemoryMixer(mem, 0, eta_max=0.0)
+        a, b = free.project(x, ids), bounded.project(x, ids)
+        np.testing.assert_allclose(np.asarray(b.eta), 0.9 * np.asarray(a.eta), rtol=1e-15)
+        np.testing.assert_array_equal(np.asarray(b.theta), np.asarray(a.theta))
+        np.testing.assert_array_equal(np.asarray(b.alpha), np.asarray(a.alpha))
+        run = nnx.jit(lambda m, x, s: prefixed_memory(m, x, s, 0))
+        assert float(jnp.abs(run(bounded, x, ids) - run(free, x, ids)).max()) > 1e-9
+    with pytest.raises(ValueError, match="the momentum gate bound is model.memory.eta_max"):
+        m = _model_cfg()
+        m.memory_eta_max = 0.9
+        memory_config(m)

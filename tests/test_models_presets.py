@@ -4,7 +4,7 @@ import pytest
 
 from titans_lm.config import base_config
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.models.presets import (PAPER_SIZES, TITANS_ETA_MAX, TITANS_MEMORY, backbone_config,
+from titans_lm.models.presets import (PAPER_SIZES, TITANS_MEMORY, backbone_config,
                                       check_size, memory_section, set_paper_run, set_tiny_run,
                                       titans_config, titans_memory_section)
 
@@ -48,11 +48,11 @@ def test_backbone_config_builds_tiny_and_paper_sizes():
     tiny = backbone_config("lmm", "", shapes, memory)
     m = tiny.model
     assert (m.name, m.size, m.d_model, m.n_layers, m.d_ff) == ("lmm", "tiny", 256, 4, 688)
-    assert "n_heads" not in m and "n_persistent" not in m and "memory_eta_max" not in m
+    assert "n_heads" not in m and "n_persistent" not in m
     assert m.memory.head_dim == 32 and tiny.train.batch_size == 8
-    big = backbone_config("lmm", "340m", shapes, memory, n_persistent=(4, 16), eta_max=0.5)
+    big = backbone_config("lmm", "340m", shapes, memory, n_persistent=(4, 16))
     assert (big.model.d_model, big.model.n_layers, big.model.d_ff) == shapes["340m"]
-    assert big.model.n_persistent == 16 and big.model.memory_eta_max == 0.5
+    assert big.model.n_persistent == 16
     assert big.data.seq_len == 4096 and big.model.dtype == "bfloat16"
     with pytest.raises(ValueError, match="unknown lmm size '1b'"):
         backbone_config("lmm", "1b", shapes, memory)
@@ -62,6 +62,6 @@ def test_titans_config_uses_the_titans_memory():
     shapes = {s: (768, 12, 12, 2048) for s in PAPER_SIZES}
     c = titans_config("mag", "tiny", shapes)
     assert c.model.n_heads == 4 and c.model.n_persistent == 4
-    assert c.model.memory_eta_max == TITANS_ETA_MAX
+    assert c.model.memory.eta_max == 0.9
     assert c.model.memory.to_dict() == titans_memory_section().to_dict()
     assert titans_config("mag", "170m", shapes).model.n_persistent == 16

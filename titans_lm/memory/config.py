@@ -40,6 +40,12 @@ class MemoryConfig:
         "ttt": theta = ttt_base_lr * sigmoid(x w_theta + b_theta) / head_dim (TTT's learnable
         inner learning rate). eta and alpha are set by use_momentum / use_decay in both styles.
       ttt_base_lr: TTT's base learning rate (TTT-Linear 1.0, TTT-MLP 0.1).
+      eta_max: bound of the momentum gate, eta = eta_max * sigmoid(x w_eta + b_eta) in
+        (0, eta_max); 1 is Titans' eta in (0, 1). Near 1 the momentum stops decaying and the
+        effective inner rate theta / (1 - eta) grows without bound; with mini-batch gradients (all
+        taken at the chunk-start state) the write then diverges on correlated keys (measured: the
+        optimiser drove eta to 0.999 and the tiny MAC's loss to NaN at lr 3e-3), so the Titans
+        configs use 0.9 (``titans_lm.models.presets.TITANS_MEMORY``).
       gate_granularity: "token": gates per token; "chunk": every token of a chunk uses the gate
         pre-activations of the chunk's first token (causal: that token precedes or is the token
         itself, so no read depends on a later token; a mean over the chunk would not be causal).
@@ -72,6 +78,7 @@ class MemoryConfig:
     theta_max: float = 0.1
     gate_style: str = "titans"
     ttt_base_lr: float = 1.0
+    eta_max: float = 1.0
     gate_granularity: str = "token"
     use_momentum: bool = True
     use_decay: bool = True
@@ -106,6 +113,7 @@ class MemoryConfig:
              "must be 'silu', 'gelu' or 'gelu_tanh'")
         need(self.theta_max > 0, "theta_max", "must be positive")
         need(self.ttt_base_lr > 0, "ttt_base_lr", "must be positive")
+        need(0 < self.eta_max <= 1, "eta_max", "must be in (0, 1]")
         need(self.gate_style in GATE_STYLES, "gate_style", f"must be one of {GATE_STYLES}")
         need(self.gate_granularity in GATE_GRANULARITIES, "gate_granularity",
              f"must be one of {GATE_GRANULARITIES}")

@@ -3,7 +3,8 @@
 Per token and head, from pre-activations a = x W + b (Titans arXiv:2501.00663 sec. 3.1; TTT
 arXiv:2407.04620 sec. 2.7):
 
-    titans:  theta = theta_max * sigmoid(a_theta),   eta = sigmoid(a_eta),   alpha = sigmoid(a_alpha)
+    titans:  theta = theta_max * sigmoid(a_theta),   eta = eta_max * sigmoid(a_eta),
+             alpha = sigmoid(a_alpha)      (the paper: eta_max = 1)
     ttt:     theta = base_lr * sigmoid(a_theta) / head_dim
 """
 
@@ -16,6 +17,12 @@ import jax.numpy as jnp
 def titans_theta(pre: jax.Array, theta_max: float) -> jax.Array:
     """theta = theta_max * sigmoid(pre), in (0, theta_max)."""
     return theta_max * jax.nn.sigmoid(pre)
+
+
+def titans_eta(pre: jax.Array, eta_max: float = 1.0) -> jax.Array:
+    """eta = eta_max * sigmoid(pre), in (0, eta_max) (``MemoryConfig.eta_max``)."""
+    s = jax.nn.sigmoid(pre)
+    return s if eta_max == 1 else eta_max * s
 
 
 def ttt_theta(pre: jax.Array, base_lr: float, head_dim: int) -> jax.Array:

@@ -191,7 +191,8 @@ class NeuralMemory(nnx.Module):
         else:
             theta = gate_fns.ttt_theta(a_theta, cfg.ttt_base_lr, cfg.head_dim)
         zeros = jnp.zeros_like(theta)
-        eta = jax.nn.sigmoid(pre(self.eta_w, self.eta_b)) if cfg.use_momentum else zeros
+        eta = (gate_fns.titans_eta(pre(self.eta_w, self.eta_b), cfg.eta_max) if cfg.use_momentum
+               else zeros)
         alpha = jax.nn.sigmoid(pre(self.alpha_w, self.alpha_b)) if cfg.use_decay else zeros
         real = (segment_ids_BT != 0)[:, :, None]
         theta, eta, alpha = (jnp.where(real, g, 0) for g in (theta, eta, alpha))

@@ -9,8 +9,7 @@ per-token gates, SiLU + l2-normalised q and k, causal short convolution, output 
 (section 3.3); the memory writes them first, so every document starts from the memory state they
 leave (see ``titans_lm.models.memory_mixer.prefixed_memory``); they carry no loss.
 
-Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_persistent``, ``memory`` and
-optionally ``memory_eta_max`` (bound of the momentum gate, ``memory_mixer.bound_momentum``).
+Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_persistent`` and ``memory``.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ Layers listed by ``memory_layers`` ("all" by default) are MAC layers; the others
 segment attention over [persistent || segment] without a memory.
 
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads``, ``rope_theta``,
-``segment_len``, ``n_persistent`` (per layer), ``memory_layers``, ``memory`` and optionally
-``memory_eta_max`` (bound of the momentum gate, ``memory_mixer.bound_momentum``; default 1).
+``segment_len``, ``n_persistent`` (per layer), ``memory_layers`` and ``memory`` (whose
+``eta_max`` bounds the momentum gate).
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ from flax import nnx
 
 from titans_lm.memory.layer import MemoryInputs, NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
-from titans_lm.models.memory_mixer import (bound_momentum, check_eta_max, make_memory,
-                                           memory_config, memory_eta_max, memory_layer_indices)
+from titans_lm.models.memory_mixer import make_memory, memory_config, memory_layer_indices
 from titans_lm.models.registry import register
 from titans_lm.nn.context_attention import ContextAttention
 from titans_lm.nn.dtypes import to_dtype
@@ -76,21 +75,19 @@ class MACMixer(nnx.Module):
       combine: ``GatedCombine`` for y ⊗ M*(y) (attribute ``combine``).
       segment_len: N, a multiple of the memory's chunk size. T need not be a multiple of N (the
         last segment is padded; padding writes nothing and its outputs are dropped).
-      eta_max: bound of the memory's momentum gate (``memory_mixer.bound_momentum``).
 
     Raises:
-      ValueError: if segment_len is not a positive multiple of the chunk size, or eta_max is
-        outside (0, 1].
+      ValueError: if segment_len is not a positive multiple of the chunk size.
     """
 
     def __init__(self, memory: NeuralMemory, attention: ContextAttention, combine: GatedCombine,
-                 segment_len: int, eta_max: float = 1.0):
+                 segment_len: int):
         chunk = memory.cfg.chunk_size
         if segment_len < 1 or segment_len % chunk:
             raise ValueError(f"MAC segment_len={segment_len} must be a positive multiple of the "
                              f"memory chunk_size={chunk}")
         self.memory, self.attention, self.combine = memory, attention, combine
-        self.segment_len, self.eta_max = segment_len, check_eta_max(float(eta_max))
+        self.segment_len = segment_len
 
     def __call__(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
         return self.forward(x_BTD, segment_ids_BT)[0]
@@ -143,7 +140,6 @@ class MACMixer(nnx.Module):
             w = MemoryInputs(q=w.q[:, :, n_tail:], k=w.k[:, :, n_tail:], v=w.v[:, :, n_tail:],
                              theta=w.theta[:, :, n_tail:], eta=w.eta[:, :, n_tail:],
                              alpha=w.alpha[:, :, n_tail:], reset=reset_n)
-            w = bound_momentum(w, self.eta_max)
             reads, new_state = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, w.reset)
             o = self.combine(y, mem.output(reads, y))
             keep = y_ext.shape[1] - n_tail
@@ -213,7 +209,6 @@ def build_mac(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
         memory = make_memory(mcfg, rngs=rngs)
         combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
                                param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-        return MACMixer(memory, attention(model_cfg.init_std, rngs), combine, seg,
-                        memory_eta_max(model_cfg))
+        return MACMixer(memory, attention(model_cfg.init_std, rngs), combine, seg)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs)

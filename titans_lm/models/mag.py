@@ -16,8 +16,7 @@ sliding-window attention with the same window.
 
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads`` (attention heads),
 ``rope_theta``, ``window`` (sliding window in tokens; 0 = full causal attention), ``n_persistent``,
-``memory_layers``, ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``) and optionally
-``memory_eta_max`` (bound of the momentum gate, ``memory_mixer.bound_momentum``; default 1).
+``memory_layers`` and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``).
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ from flax import nnx
 
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
-from titans_lm.models.memory_mixer import (check_eta_max, make_memory, memory_config,
-                                           memory_eta_max, memory_layer_indices, prefixed_memory)
+from titans_lm.models.memory_mixer import (make_memory, memory_config, memory_layer_indices,
+                                           prefixed_memory)
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.dtypes import to_dtype
@@ -46,17 +45,16 @@ class MAGMixer(nnx.Module):
       memory: ``NeuralMemory`` (attribute ``memory``).
       combine: ``GatedCombine`` (attribute ``combine``).
       n_persistent: number of persistent positions at the front of the sequence.
-      eta_max: bound of the memory's momentum gate (``memory_mixer.bound_momentum``).
     """
 
     def __init__(self, attention: Attention, memory: NeuralMemory, combine: GatedCombine,
-                 n_persistent: int, eta_max: float = 1.0):
+                 n_persistent: int):
         self.attention, self.memory, self.combine = attention, memory, combine
-        self.n_persistent, self.eta_max = n_persistent, check_eta_max(float(eta_max))
+        self.n_persistent = n_persistent
 
     def __call__(self, x_BSD: jax.Array, segment_ids_BS: jax.Array) -> jax.Array:
         y = self.attention(x_BSD, segment_ids_BS)
-        m = prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent, self.eta_max)
+        m = prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent)
         return self.combine(y, m)
 
 
@@ -91,6 +89,6 @@ def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
         memory = make_memory(mcfg, rngs=rngs)
         combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
                                param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-        return MAGMixer(attention, memory, combine, n_p, memory_eta_max(model_cfg))
+        return MAGMixer(attention, memory, combine, n_p)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)

@@ -14,7 +14,7 @@ Layers listed by ``memory_layers`` ("all" by default) are MAL layers; the others
 sliding-window attention with the same window.
 
 Model config fields: as ``titans_lm.models.mag`` (``n_heads``, ``rope_theta``, ``window``,
-``n_persistent``, ``memory_layers``, ``memory``, ``memory_eta_max`` and the shell fields).
+``n_persistent``, ``memory_layers``, ``memory`` and the shell fields).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from flax import nnx
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
 from titans_lm.models.mag import HYBRID_FIELDS, hybrid_attention
-from titans_lm.models.memory_mixer import (check_eta_max, make_memory, memory_config,
-                                           memory_eta_max, memory_layer_indices, prefixed_memory)
+from titans_lm.models.memory_mixer import (make_memory, memory_config, memory_layer_indices,
+                                           prefixed_memory)
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.init import scaled_out_std
@@ -39,16 +39,13 @@ class MALMixer(nnx.Module):
       memory: ``NeuralMemory`` (attribute ``memory``).
       attention: sliding-window ``Attention`` (attribute ``attention``).
       n_persistent: number of persistent positions at the front of the sequence.
-      eta_max: bound of the memory's momentum gate (``memory_mixer.bound_momentum``).
     """
 
-    def __init__(self, memory: NeuralMemory, attention: Attention, n_persistent: int,
-                 eta_max: float = 1.0):
+    def __init__(self, memory: NeuralMemory, attention: Attention, n_persistent: int):
         self.memory, self.attention, self.n_persistent = memory, attention, n_persistent
-        self.eta_max = check_eta_max(float(eta_max))
 
     def __call__(self, x_BSD: jax.Array, segment_ids_BS: jax.Array) -> jax.Array:
-        m = prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent, self.eta_max)
+        m = prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent)
         y = x_BSD + m.astype(x_BSD.dtype)
         return self.attention(y, segment_ids_BS)
 
@@ -71,7 +68,6 @@ def build_mal(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
         attention = hybrid_attention(model_cfg, out_std, rngs=rngs)
         if layer not in layers:
             return attention
-        return MALMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), attention, n_p,
-                        memory_eta_max(model_cfg))
+        return MALMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), attention, n_p)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)

@@ -45,6 +45,9 @@ def memory_config(model_cfg) -> MemoryConfig:
     """
     if "memory" not in model_cfg:
         raise ValueError(f"model config ({model_cfg.get('name', '?')!r}) has no 'memory' section")
+    if "memory_eta_max" in model_cfg:
+        raise ValueError("model.memory_eta_max is not a model field: the momentum gate bound is "
+                         "model.memory.eta_max")
     section = model_cfg.memory
     values = dict(section.to_dict() if hasattr(section, "to_dict") else section)
     for key in ("d_model", "dtype", "param_dtype"):
@@ -59,22 +62,6 @@ def memory_config(model_cfg) -> MemoryConfig:
         values["n_heads"] = d_model // head_dim
     return MemoryConfig.from_dict(values, d_model=d_model, dtype=str(model_cfg.dtype),
                                   param_dtype=str(model_cfg.get("param_dtype", "float32")))
-
-
-def memory_eta_max(model_cfg) -> float:
-    """``model.memory_eta_max`` (default 1: the layer's momentum gate unbounded in (0, 1)).
-
-    Raises:
-      ValueError: unless it lies in (0, 1].
-    """
-    return check_eta_max(float(model_cfg.get("memory_eta_max", 1.0)))
-
-
-def check_eta_max(eta_max: float) -> float:
-    """Return ``eta_max``; ValueError unless it lies in (0, 1]."""
-    if not 0 < eta_max <= 1:
-        raise ValueError(f"model.memory_eta_max must be in (0, 1], got {eta_max}")
-    return eta_max
 
 
 def make_memory(cfg: MemoryConfig, *, rngs: nnx.Rngs,
@@ -136,24 +123,8 @@ def scan_with_reset_to(memory: NeuralMemory, state, inputs: MemoryInputs, reset_
                        inputs.reset, reset_to=reset_to)
 
 
-def bound_momentum(inputs: MemoryInputs, eta_max: float) -> MemoryInputs:
-    """Scale the momentum gate into (0, eta_max): eta_t <- eta_max * eta_t.
-
-    The layer's eta = sigmoid(x w + b) lies in (0, 1). Near 1 the momentum stops decaying and the
-    effective inner rate theta / (1 - eta) grows without bound; with mini-batch gradients (all
-    taken at the chunk-start state) the write then diverges on correlated keys. The optimiser
-    drives eta there within tens of steps on text (measured: eta 0.999 and NaN losses for the tiny
-    MAC at lr 3e-3), so the Titans configs bound it (``model.memory_eta_max``).
-
-    Raises:
-      ValueError: unless 0 < eta_max <= 1.
-    """
-    check_eta_max(eta_max)
-    return inputs if eta_max == 1 else inputs._replace(eta=eta_max * inputs.eta)
-
-
 def prefixed_memory(memory: NeuralMemory, x_BSD: jax.Array, segment_ids_BS: jax.Array,
-                    n_prefix: int, eta_max: float = 1.0) -> jax.Array:
+                    n_prefix: int) -> jax.Array:
     """M(x~) over a sequence whose first ``n_prefix`` positions are persistent tokens.
 
     Args:
@@ -161,17 +132,16 @@ def prefixed_memory(memory: NeuralMemory, x_BSD: jax.Array, segment_ids_BS: jax.
       x_BSD: [B, N_p + T, D] the mixer input, persistent positions first.
       segment_ids_BS: int [B, N_p + T] (persistent positions carry PERSISTENT_SEGMENT_ID).
       n_prefix: N_p >= 0; 0 is the plain layer call.
-      eta_max: bound of the momentum gate (:func:`bound_momentum`; 1 leaves it as is).
     Returns:
       [B, N_p + T, D] in the memory's compute dtype (see the module docstring for the state at
       document starts).
     Raises:
-      ValueError: if n_prefix is negative or not shorter than the sequence, or eta_max is invalid.
+      ValueError: if n_prefix is negative or not shorter than the sequence.
     """
     if not 0 <= n_prefix < x_BSD.shape[1]:
         raise ValueError(f"n_prefix={n_prefix} must be in [0, {x_BSD.shape[1]}) for a sequence of "
                          f"{x_BSD.shape[1]} positions")
-    inputs = bound_momentum(memory.project(x_BSD, segment_ids_BS), eta_max)
+    inputs = memory.project(x_BSD, segment_ids_BS)
     state0 = memory.initial_state(x_BSD.shape[0])
     if n_prefix == 0:
         reads, _ = memory.scan(state0, inputs.q, inputs.k, inputs.v, inputs.theta, inputs.eta,
@@ -192,17 +162,15 @@ class MemoryMixer(nnx.Module):
       memory: the NeuralMemory layer (attribute ``memory``).
       n_persistent: number of persistent positions the LM shell prepends (0: none); see
         :func:`prefixed_memory`.
-      eta_max: bound of the momentum gate (:func:`bound_momentum`).
     """
 
-    def __init__(self, memory: NeuralMemory, n_persistent: int = 0, eta_max: float = 1.0):
+    def __init__(self, memory: NeuralMemory, n_persistent: int = 0):
         if n_persistent < 0:
             raise ValueError(f"n_persistent must be >= 0, got {n_persistent}")
-        check_eta_max(eta_max)
-        self.memory, self.n_persistent, self.eta_max = memory, n_persistent, float(eta_max)
+        self.memory, self.n_persistent = memory, n_persistent
 
     def __call__(self, x_BSD: jax.Array, segment_ids_BS: jax.Array) -> jax.Array:
-        return prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent, self.eta_max)
+        return prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent)
 
 
 def build_memory_lm(model_cfg, *, rngs: nnx.Rngs, n_persistent: int = 0):
@@ -219,11 +187,8 @@ def build_memory_lm(model_cfg, *, rngs: nnx.Rngs, n_persistent: int = 0):
     mcfg = memory_config(model_cfg)
     out_std = scaled_out_std(model_cfg.init_std, model_cfg.n_layers)
 
-    eta_max = memory_eta_max(model_cfg)
-
     def make_mixer(layer: int, rngs: nnx.Rngs) -> MemoryMixer:
         del layer
-        return MemoryMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), n_persistent,
-                           eta_max)
+        return MemoryMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), n_persistent)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_persistent)

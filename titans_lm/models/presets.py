@@ -67,14 +67,13 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # with eta < 0.9 all gave NaN losses within 5-28 steps (eta was driven to 0.96-0.999). With
 # theta < 0.0005 and eta < 0.9 (b = 16, c = 1: 0.0005 * 2 * 16 * 87 = 1.4 < 2.4) MAC trained 50
 # steps cleanly. So the Titans configs keep theta in (0, 0.0005), starting at 0.00025, and bound
-# the momentum gate to (0, 0.9) (``memory_eta_max``, ``titans_lm.models.memory_mixer
-# .bound_momentum``). The effective per-token rate theta / (1 - eta) is then at most 0.005 (TTT-Linear:
-# base_lr / head_dim = 0.016 without momentum, stabilised by its LayerNorm inner model).
+# the momentum gate to (0, 0.9) (``MemoryConfig.eta_max``). The effective per-token rate
+# theta / (1 - eta) is then at most 0.005 (TTT-Linear: base_lr / head_dim = 0.016 without momentum,
+# stabilised by its LayerNorm inner model).
 TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_activation="silu",
                      chunk_size=16, gate_style="titans", use_momentum=True, use_decay=True,
                      use_conv=True, qk_l2_norm=True, use_output_gate=True, theta_max=0.0005,
-                     theta_bias_init=0.0)
-TITANS_ETA_MAX = 0.9
+                     eta_max=0.9, theta_bias_init=0.0)
 
 
 def titans_memory_section(**overrides) -> ml_collections.ConfigDict:
@@ -166,8 +165,7 @@ TINY_SHAPE = {"d_model": 256, "n_layers": 4, "n_heads": 4, "d_ff": 688}
 
 def backbone_config(name: str, size: str, paper_shapes: dict, memory: ml_collections.ConfigDict, *,
                     shape_fields: tuple = ("d_model", "n_layers", "d_ff"),
-                    n_persistent: tuple | None = None,
-                    eta_max: float | None = None) -> ml_collections.ConfigDict:
+                    n_persistent: tuple | None = None) -> ml_collections.ConfigDict:
     """The full run config of memory backbone ``name`` at ``size`` (tiny or a paper size).
 
     Args:
@@ -178,7 +176,6 @@ def backbone_config(name: str, size: str, paper_shapes: dict, memory: ml_collect
       shape_fields: the model fields ``paper_shapes`` gives; tiny takes them from
         :data:`TINY_SHAPE`.
       n_persistent: (tiny, paper sizes) persistent tokens, or None for a backbone without them.
-      eta_max: the bound of the momentum gate (``model.memory_eta_max``), or None for none.
 
     Returns:
       The config: shell fields, shape, memory section, then :func:`set_tiny_run` or
@@ -196,8 +193,6 @@ def backbone_config(name: str, size: str, paper_shapes: dict, memory: ml_collect
     for field, value in zip(shape_fields, shape, strict=True):
         m[field] = value
     m.memory = memory
-    if eta_max is not None:
-        m.memory_eta_max = eta_max
     if n_persistent is not None:
         m.n_persistent = n_persistent[0] if tiny else n_persistent[1]
     if tiny:
@@ -211,11 +206,11 @@ def titans_config(name: str, size: str, paper_shapes: dict, *,
                   shape_fields: tuple = ("d_model", "n_layers", "n_heads", "d_ff")
                   ) -> ml_collections.ConfigDict:
     """:func:`backbone_config` of a Titans backbone (LMM, MAC, MAG, MAL): the memory
-    :data:`TITANS_MEMORY`, the momentum gate bounded by :data:`TITANS_ETA_MAX`, and 4 persistent
-    tokens at tiny, 16 at the paper sizes.
+    :data:`TITANS_MEMORY` (momentum gate bounded by 0.9) and 4 persistent tokens at tiny, 16 at
+    the paper sizes.
 
     Raises:
       ValueError: for an unknown size.
     """
     return backbone_config(name, size, paper_shapes, titans_memory_section(),
-                           shape_fields=shape_fields, n_persistent=(4, 16), eta_max=TITANS_ETA_MAX)
+                           shape_fields=shape_fields, n_persistent=(4, 16))
