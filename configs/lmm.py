@@ -1,23 +1,10 @@
 """Titans (LMM) configs: ``--config=configs/lmm.py:<size>``, size in tiny | 170m | 340m | 400m | 760m.
 
-The neural long-term memory as the only token mixer (``titans_lm.models.lmm``) with the Titans
-memory settings of ``titans_lm.models.presets.TITANS_MEMORY``: deep memory (L_M = 2 with 2x
-expansion and SiLU; the paper does not state the expansion), momentum, decay, per-token gates,
-short convolution, output gate, head_dim 64, mini-batch (chunk) 16, inner learning rate below
-0.0005 and momentum below 0.9 (larger rates diverge on correlated keys, see there), and N_p
-persistent tokens.
+The neural long-term memory as the only token mixer (``titans_lm.models.lmm``), N_p persistent
+tokens prepended to the sequence.
 
-tiny: the shape of ``configs/transformer.py:tiny`` (d_model 256, 4 layers, SwiGLU 688, vocabulary
-8192, 256-token windows, batch 8, 800 steps: ``titans_lm.models.presets.set_tiny_run``) with 4
-memory heads of 64 and 4 persistent tokens.
-
-Paper sizes (Titans, Behrouz et al. 2025, section 5.1: vocabulary 32K, 4K context, 0.5M tokens per
-batch, AdamW lr 4e-4, cosine, weight decay 0.1): widths and depths chosen so that the parameter
-count is within a few percent of the name (tests/test_backbones_params.py), 16 persistent tokens.
-
-Ablation switches (Titans table 5) are fields of ``model.memory``: ``use_momentum``,
-``use_decay``, ``use_conv``, ``memory_depth`` (1..4), ``chunk_size``; and ``model.n_persistent``
-(0 = none).
+Memory settings, tiny and paper runs, persistent tokens and ablation switches:
+``titans_lm.models.presets.titans_config``.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 tiny | 170m | 340m | 400m | 760m.
 
 The hybrid of ``titans_lm.models.mac``: per segment, retrieval from the memory left by earlier
-segments, attention over [persistent || retrieved || segment], write with the attention output. The
-memory is the LMM's (``titans_lm.models.presets.TITANS_MEMORY``: deep memory L_M = 2 with 2x
-expansion, momentum, decay, per-token gates, short convolution, output gate, head_dim 64,
-mini-batch 16, inner learning rate below 0.0005 and momentum below 0.9); N_p persistent tokens per
-MAC layer.
+segments, attention over [persistent || retrieved || segment], write with the attention output;
+N_p persistent tokens per MAC layer. ``model.memory_layers`` ("all", "none" or indices) says which
+layers carry memory; the others run the same segment attention without a memory.
 
 Segments: 64 tokens at tiny, equal to the data pipeline's document alignment, so every document
 starts on a segment start and a packed document computes exactly what it would alone. 512 tokens
@@ -14,19 +12,8 @@ at the paper sizes, with ``data.doc_align`` raised to 512 for the same reason (d
 to multiples of 512 tokens; with a smaller alignment, documents stay isolated but one starting
 inside a segment gets a shorter first segment).
 
-``model.memory_layers`` ("all", "none" or indices such as "0,2") says which layers carry memory;
-the others run the same segment attention without a memory.
-
-tiny: the shape of ``configs/transformer.py:tiny`` (d_model 256, 4 layers, 4 attention heads,
-SwiGLU 688, vocabulary 8192, 256-token windows, batch 8, 800 steps:
-``titans_lm.models.presets.set_tiny_run``), 4 memory heads of 64, 4 persistent tokens.
-
-Paper sizes (Titans, Behrouz et al. 2025, section 5.1: vocabulary 32K, 4K context, 0.5M tokens per
-batch, AdamW lr 4e-4, cosine, weight decay 0.1): widths and depths chosen so that the parameter
-count is within a few percent of the name (tests/test_backbones_params.py), 16 persistent tokens.
-
-Ablation switches are fields of ``model.memory`` (``use_momentum``, ``use_decay``, ``use_conv``,
-``memory_depth`` 1..4, ``chunk_size``) and ``model.n_persistent`` (0 = none).
+Memory settings, tiny and paper runs, persistent tokens and ablation switches:
+``titans_lm.models.presets.titans_config``.
 """
 
 from __future__ import annotations

@@ -21,9 +21,12 @@ Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads`` (attentio
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 from flax import nnx
 
+from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
 from titans_lm.models.memory_mixer import (make_memory, memory_config, memory_layer_indices,
@@ -35,6 +38,27 @@ from titans_lm.nn.gated_combine import GatedCombine
 from titans_lm.nn.init import scaled_out_std
 
 HYBRID_FIELDS = ("n_heads", "rope_theta", "window", "n_persistent", "memory_layers", "memory")
+
+
+class HybridSettings(NamedTuple):
+    """What a MAG or MAL builder reads from the model config."""
+    memory: MemoryConfig          # the memory layers' settings
+    n_persistent: int             # N_p persistent tokens prepended once to the sequence
+    memory_layers: frozenset      # indices of the layers that carry a memory
+    out_std: float                # depth-scaled init std of the residual output projections
+
+
+def hybrid_settings(model_cfg) -> HybridSettings:
+    """Check a MAG/MAL model config and read its settings.
+
+    Raises:
+      ValueError: on missing fields or invalid sizes / memory settings.
+    """
+    check_model_config(model_cfg)
+    check_model_config(model_cfg, HYBRID_FIELDS)
+    return HybridSettings(memory_config(model_cfg), int(model_cfg.n_persistent),
+                          memory_layer_indices(model_cfg.memory_layers, model_cfg.n_layers),
+                          scaled_out_std(model_cfg.init_std, model_cfg.n_layers))
 
 
 class MAGMixer(nnx.Module):
@@ -73,12 +97,7 @@ def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     Raises:
       ValueError: on missing fields or invalid sizes / memory settings.
     """
-    check_model_config(model_cfg)
-    check_model_config(model_cfg, HYBRID_FIELDS)
-    mcfg = memory_config(model_cfg)
-    n_p = int(model_cfg.n_persistent)
-    layers = memory_layer_indices(model_cfg.memory_layers, model_cfg.n_layers)
-    out_std = scaled_out_std(model_cfg.init_std, model_cfg.n_layers)
+    mcfg, n_p, layers, out_std = hybrid_settings(model_cfg)
     dtype = to_dtype(model_cfg.dtype)
     param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
 

@@ -23,13 +23,11 @@ import jax
 from flax import nnx
 
 from titans_lm.memory.layer import NeuralMemory
-from titans_lm.models.lm import LanguageModel, check_model_config
-from titans_lm.models.mag import HYBRID_FIELDS, hybrid_attention
-from titans_lm.models.memory_mixer import (make_memory, memory_config, memory_layer_indices,
-                                           prefixed_memory)
+from titans_lm.models.lm import LanguageModel
+from titans_lm.models.mag import hybrid_attention, hybrid_settings
+from titans_lm.models.memory_mixer import make_memory, prefixed_memory
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
-from titans_lm.nn.init import scaled_out_std
 
 
 class MALMixer(nnx.Module):
@@ -57,12 +55,7 @@ def build_mal(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     Raises:
       ValueError: on missing fields or invalid sizes / memory settings.
     """
-    check_model_config(model_cfg)
-    check_model_config(model_cfg, HYBRID_FIELDS)
-    mcfg = memory_config(model_cfg)
-    n_p = int(model_cfg.n_persistent)
-    layers = memory_layer_indices(model_cfg.memory_layers, model_cfg.n_layers)
-    out_std = scaled_out_std(model_cfg.init_std, model_cfg.n_layers)
+    mcfg, n_p, layers, out_std = hybrid_settings(model_cfg)
 
     def make_mixer(layer: int, rngs: nnx.Rngs):
         attention = hybrid_attention(model_cfg, out_std, rngs=rngs)

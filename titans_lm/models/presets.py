@@ -13,7 +13,8 @@
   0.1; 15B training tokens for 170M/340M/400M and 30B for 760M; bfloat16 compute, remat per block,
   untied LM head (``configs/transformer.py``'s paper sizes use it with their own token budgets).
 - :func:`backbone_config`: the whole config of a memory backbone at a size, which each
-  ``configs/<name>.py`` then specialises (window, segment length, memory layers).
+  ``configs/<name>.py`` then specialises (window, segment length, memory layers);
+  :func:`titans_config` and :func:`ttt_config` for the two families.
 """
 
 from __future__ import annotations
@@ -205,12 +206,55 @@ def backbone_config(name: str, size: str, paper_shapes: dict, memory: ml_collect
 def titans_config(name: str, size: str, paper_shapes: dict, *,
                   shape_fields: tuple = ("d_model", "n_layers", "n_heads", "d_ff")
                   ) -> ml_collections.ConfigDict:
-    """:func:`backbone_config` of a Titans backbone (LMM, MAC, MAG, MAL): the memory
-    :data:`TITANS_MEMORY` (momentum gate bounded by 0.9) and 4 persistent tokens at tiny, 16 at
-    the paper sizes.
+    """:func:`backbone_config` of a Titans backbone (LMM, MAC, MAG, MAL).
+
+    The LMM's memory :data:`TITANS_MEMORY` (L_M = 2 with 2x expansion, momentum bounded by 0.9,
+    decay, per-token gates, short convolution, output gate, head_dim 64, chunk 16, theta below
+    0.0005); tiny = the tiny Transformer++ shape and run (:func:`set_tiny_run`) with 4 persistent
+    tokens; the paper sizes use the Titans run (:func:`set_paper_run`) with 16 persistent tokens
+    and the widths/depths of ``paper_shapes`` (tests/test_backbones_params.py keeps each within
+    10% of its name). Ablation switches (Titans table 5): ``model.memory.{use_momentum, use_decay,
+    use_conv, memory_depth, chunk_size}`` and ``model.n_persistent`` (0 = none).
 
     Raises:
       ValueError: for an unknown size.
     """
     return backbone_config(name, size, paper_shapes, titans_memory_section(),
                            shape_fields=shape_fields, n_persistent=(4, 16))
+
+
+def ttt_engine_lr(paper_base_lr: float, chunk_size: int) -> float:
+    """TTT's base inner learning rate in the engine's convention: ``paper_base_lr / (2 b)``.
+
+    TTT (Sun et al. 2024; ttt-lm-jax) takes the gradient of 0.5 ||f(k) - v||^2 (the engine:
+    ||f(k) - v||^2, twice as large) and scales row i of a mini-batch by 1/i (``token_idx``), so the
+    state after a mini-batch of b tokens moves by the mean of its b gradients where the engine sums
+    them. ``paper_base_lr / (2 b)`` reproduces TTT's state after every mini-batch exactly; reads
+    inside a mini-batch use 1/b where TTT uses 1/i (the engine's per-token theta cannot depend on
+    the reading row). Unscaled, the tiny TTT-Linear diverged (NaN) within 6 steps on the books
+    corpus (measured).
+    """
+    return paper_base_lr / (2 * chunk_size)
+
+
+def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float,
+               **inner_model) -> ml_collections.ConfigDict:
+    """:func:`backbone_config` of a TTT backbone (Sun et al. 2024, arXiv:2407.04620).
+
+    The TTT layer as the token mixer of Transformer++ blocks: residual + LayerNorm inner model
+    (``inner_model``: memory_depth, memory_expansion, memory_activation), learned W0 per head,
+    mini-batch 16, no momentum and no decay (eta = alpha = 0 exactly), TTT's learnable inner
+    learning rate ``ttt_base_lr * sigmoid(x w + b) / head_dim`` with ``paper_base_lr`` converted by
+    :func:`ttt_engine_lr`, head_dim 64, no q/k normalisation; the paper's gate and short
+    convolution off (``model.memory.use_output_gate``, ``model.memory.use_conv``). tiny = the tiny
+    Transformer++ shape and run with 4 TTT heads of 64; paper sizes as :func:`backbone_config`.
+
+    Raises:
+      ValueError: for an unknown size or memory field.
+    """
+    chunk = 16
+    memory = memory_section(head_dim=64, memory_residual_ln=True, chunk_size=chunk,
+                            gate_style="ttt", ttt_base_lr=ttt_engine_lr(paper_base_lr, chunk),
+                            use_momentum=False, use_decay=False, use_conv=False,
+                            qk_l2_norm=False, use_output_gate=False, **inner_model)
+    return backbone_config(name, size, paper_shapes, memory)
