@@ -40,6 +40,17 @@ def test_missing_config_file_and_unknown_size(tmp_path):
     assert p.returncode == 2 and "unknown command 'frobnicate'" in p.stderr
 
 
+def test_command_help_lists_the_command_flags():
+    p = run_cli(["train", "--help"])
+    assert p.returncode == 0, p.stderr
+    for text in ("--config:", "--workdir:", "--eval_after:", "--noeval_after", "--config.<section>",
+                 "143 / 130"):
+        assert text in p.stdout, p.stdout
+    p = run_cli(["eval", "-h"])
+    assert p.returncode == 0 and "--step:" in p.stdout and "--eval_after" not in p.stdout
+    _no_traceback(p)
+
+
 def test_missing_data_file_is_named(cache, tmp_path):
     empty = tmp_path / "empty_data"
     empty.mkdir()

@@ -40,10 +40,36 @@ _STEP = flags.DEFINE_integer("step", None, "eval: checkpoint step (default: the 
 _WIKITEXT = flags.DEFINE_boolean("wikitext", True, "eval: also score WikiText-2 test.")
 
 USAGE = __doc__.split("\n\n")[1]
+HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
+# The flags each command reads (``titans-lm <command> --help`` lists them).
+COMMAND_FLAGS = {"prepare": ("config",), "train": ("config", "workdir", "eval_after"),
+                 "eval": ("workdir", "split", "text", "step", "wikitext", "config")}
+_COMMAND_SUMMARY = {
+    "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
+    "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
+    "eval": "Score the newest (or --step) checkpoint of --workdir on held-out text.",
+}
 
 
 class UsageError(Exception):
     """Bad command-line usage (exit status 2)."""
+
+
+def command_help(cmd: str) -> str:
+    """The help text of ``titans-lm <cmd>``: what it does and the flags it reads, with defaults."""
+    lines = [_COMMAND_SUMMARY[cmd], "", "flags:"]
+    for name in COMMAND_FLAGS[cmd]:
+        flag = flags.FLAGS[name]
+        default = "" if flag.default is None else f" (default: {flag.default_as_str})"
+        lines.append(f"  --{name}: {flag.help}{default}")
+        if flag.flag_type() == "bool":
+            lines.append(f"      (--{name} / --no{name})")
+    if "config" in COMMAND_FLAGS[cmd]:
+        lines.append("  --config.<section>.<field>=VALUE: override any field of the config, e.g. "
+                     "--config.train.steps=100")
+    lines += ["", "exit status: 0 done; 1 an error (one message); 2 bad usage; 143 / 130 after "
+              "SIGTERM / Ctrl-C once the checkpoint is saved (rerun the command to resume)"]
+    return "\n".join(lines)
 
 
 def _fail(cmd: str, err: BaseException) -> int:
@@ -196,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"titans-lm: unknown command {cmd!r}; commands: {', '.join(COMMANDS)}\n\n{USAGE}",
               file=sys.stderr)
         return 2
+    if any(a in HELP_FLAGS for a in argv[2:]):
+        print(command_help(cmd))
+        return 0
     sub_argv = [f"{Path(argv[0]).name} {cmd}"] + argv[2:]
     sys.argv = sub_argv  # config_flags reads the --config.* overrides from sys.argv
     try:

@@ -155,8 +155,9 @@ class _StopFlag:
         del frame
         if self.signum is None:
             self.signum = signum
+            again = "a second Ctrl-C" if signum == signal.SIGINT else "Ctrl-C"
             self._log(f"\nreceived {signal.Signals(signum).name}: finishing the current step, then "
-                      "saving a checkpoint (a second Ctrl-C interrupts at once)")
+                      f"saving a checkpoint ({again} interrupts at once)")
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def __enter__(self) -> "_StopFlag":
