@@ -138,6 +138,15 @@ def split_refs(refs: Sequence, n_params: int, save_states: bool) -> KernelRefs:
                       group(4), group(5) if save_states else (), group(6) if save_states else ())
 
 
+def split_outputs(outs: Sequence, n_params: int, save_states: bool) -> tuple:
+    """Name the flat outputs of a kernel call: (reads, P, S, bnd_P, bnd_S) as in
+    :class:`KernelRefs` (bnd_P and bnd_S empty tuples without ``save_states``)."""
+    n = n_params
+    group = lambda i: tuple(outs[1 + i * n:1 + (i + 1) * n])  # noqa: E731
+    return (outs[0], group(0), group(1), group(2) if save_states else (),
+            group(3) if save_states else ())
+
+
 def _safe_log(g):
     return jnp.log(jnp.maximum(g, jnp.finfo(g.dtype).tiny))
 

@@ -126,8 +126,4 @@ def triton_forward(plan: KernelPlan, k, v, q, gate_rows, gate_cols, params0, mom
         name=f"memory_scan_{plan.kind}_fwd",
     )
     outs = call(k, v, q, gate_rows, gate_cols, *params0, *momentum0, *reset_to)
-    reads = outs[0]
-    P, S = tuple(outs[1:1 + n]), tuple(outs[1 + n:1 + 2 * n])
-    bnd_P = tuple(outs[1 + 2 * n:1 + 3 * n]) if save_states else ()
-    bnd_S = tuple(outs[1 + 3 * n:1 + 4 * n]) if save_states else ()
-    return reads, P, S, bnd_P, bnd_S
+    return pc.split_outputs(outs, n, save_states)

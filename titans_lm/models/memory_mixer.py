@@ -108,21 +108,6 @@ def _time_slice(inputs: MemoryInputs, start: int, stop: int) -> MemoryInputs:
                         reset=inputs.reset[:, start:stop])
 
 
-def scan_with_reset_to(memory: NeuralMemory, state, inputs: MemoryInputs, reset_to: tuple):
-    """Like ``NeuralMemory.scan`` but a document start restores (reset_to, 0) instead of (W0, 0).
-
-    Args:
-      memory: the layer (its engine settings and inner model).
-      state: (params, momentum) with leading [B, H] at the first token.
-      inputs: projections of the tokens (``memory.project``), T tokens.
-      reset_to: params with leading [B, H] that a reset restores.
-    Returns:
-      (reads [B, H, T, Dh], final state), inner dtype.
-    """
-    return memory.scan(state, inputs.q, inputs.k, inputs.v, inputs.theta, inputs.eta, inputs.alpha,
-                       inputs.reset, reset_to=reset_to)
-
-
 def prefixed_memory(memory: NeuralMemory, x_BSD: jax.Array, segment_ids_BS: jax.Array,
                     n_prefix: int) -> jax.Array:
     """M(x~) over a sequence whose first ``n_prefix`` positions are persistent tokens.
@@ -151,7 +136,8 @@ def prefixed_memory(memory: NeuralMemory, x_BSD: jax.Array, segment_ids_BS: jax.
     rest = _time_slice(inputs, n_prefix, x_BSD.shape[1])
     reads_p, state_p = memory.scan(state0, pre.q, pre.k, pre.v, pre.theta, pre.eta, pre.alpha,
                                    pre.reset)
-    reads_x, _ = scan_with_reset_to(memory, state_p, rest, state_p[0])
+    reads_x, _ = memory.scan(state_p, rest.q, rest.k, rest.v, rest.theta, rest.eta, rest.alpha,
+                             rest.reset, reset_to=state_p[0])  # documents restart from the prefix's state
     return memory.output(jnp.concatenate([reads_p, reads_x], axis=2), x_BSD)
 
 
