@@ -3,10 +3,15 @@
     titans-lm prepare --config=configs/transformer.py:tiny
     titans-lm train   --config=configs/transformer.py:tiny [--config.train.steps=100] [--workdir=runs/tiny]
     titans-lm eval    --workdir=runs/tiny [--split=test|validation] [--text=FILE] [--step=N]
+    titans-lm config  --config=configs/transformer.py:tiny [--config.train.steps=100]
+    titans-lm plot    runs/tiny [runs/other ...] [--out=curves.png]
 
 ``train`` resumes from the newest checkpoint in ``--workdir`` when there is one (rerun the same
 command after an interruption), and with ``--eval_after`` (the default) evaluates the finished run
-on the held-out text. The default workdir is ``runs/<config file name>-<size>``.
+on the held-out text. The default workdir is ``runs/<config file name>-<size>``; it holds the
+resolved config (``config.json``, which ``config`` prints without training), the data record
+(``data.json``), ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and the ``eval_*.json`` results.
+``plot`` draws the loss and throughput curves of runs into a PNG.
 
 Any config field can be overridden with ``--config.<section>.<field>=value``; an unknown field, a
 value of the wrong type, or a missing config file stops with a message naming it. Exit status: 0
@@ -17,13 +22,14 @@ saved, 128 + the signal number (143 / 130) so schedulers see an unfinished run.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 from absl import app, flags, logging as absl_logging
 from ml_collections import config_flags
 
-COMMANDS = ("prepare", "train", "eval")
+COMMANDS = ("prepare", "train", "eval", "config", "plot")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config: path/to/config.py[:size], e.g. configs/transformer.py:tiny.",
@@ -37,18 +43,27 @@ _SPLIT = flags.DEFINE_enum("split", "test", ["test", "validation"],
                            "eval: held-out split of the training corpus.")
 _TEXT = flags.DEFINE_string("text", None, "eval: score this UTF-8 text file instead.")
 _STEP = flags.DEFINE_integer("step", None, "eval: checkpoint step (default: the newest).")
-_WIKITEXT = flags.DEFINE_boolean("wikitext", True, "eval: also score WikiText-2 test.")
+_WIKITEXT = flags.DEFINE_boolean(
+    "wikitext", True, "eval: also score WikiText-2 (its validation set with --split=validation, "
+    "else its test set).")
+_OUT = flags.DEFINE_string("out", None, "plot: the PNG to write (default: <workdir>/curves.png "
+                           "for one run, curves.png here for several).")
 
 USAGE = __doc__.split("\n\n")[1]
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 # The flags each command reads (``titans-lm <command> --help`` lists them).
 COMMAND_FLAGS = {"prepare": ("config",), "train": ("config", "workdir", "eval_after"),
-                 "eval": ("workdir", "split", "text", "step", "wikitext", "config")}
+                 "eval": ("workdir", "split", "text", "step", "wikitext", "config"),
+                 "config": ("config",), "plot": ("out",)}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
     "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
     "eval": "Score the newest (or --step) checkpoint of --workdir on held-out text.",
+    "config": "Print the resolved config (the config.json a run would hold) without training.",
+    "plot": "titans-lm plot W1 [W2 ...]: draw train/validation loss and tokens/s of runs into a PNG.",
 }
+# What a SIGTERM / Ctrl-C outside the training steps interrupted (for its message).
+_PHASE = {"now": ""}
 
 
 class UsageError(Exception):
@@ -64,7 +79,11 @@ def command_help(cmd: str) -> str:
         lines.append(f"  --{name}: {flag.help}{default}")
         if flag.flag_type() == "bool":
             lines.append(f"      (--{name} / --no{name})")
-    if "config" in COMMAND_FLAGS[cmd]:
+    if cmd == "eval":
+        from titans_lm.cli_config import EVAL_OVERRIDABLE
+        lines.append("  --config.<field>=VALUE: change the checkpoint's config at evaluation time, "
+                     "e.g. --config.data.seq_len=1024; allowed fields: " + ", ".join(EVAL_OVERRIDABLE))
+    elif "config" in COMMAND_FLAGS[cmd]:
         lines.append("  --config.<section>.<field>=VALUE: override any field of the config, e.g. "
                      "--config.train.steps=100")
     lines += ["", "exit status: 0 done; 1 an error (one message); 2 bad usage; 143 / 130 after "
@@ -87,7 +106,8 @@ def _load_config():
     except OSError as e:
         spec = flags.FLAGS["config"].config_filename
         raise UsageError(f"cannot load the config file {spec!r}: {str(e).splitlines()[0]}") from None
-    return cfg
+    from titans_lm.cli_config import resolve_config
+    return resolve_config(cfg)
 
 
 def default_workdir(cfg) -> str:
@@ -114,15 +134,24 @@ def _train(argv) -> int:
     del argv
     from titans_lm.train import sharding
     sharding.maybe_initialize_distributed()
-    from titans_lm.train.loop import train
+    import jax
+    from titans_lm.cli_config import write_run_config
+    from titans_lm.train.loop import check_train_config, train
     cfg = _load_config()
     workdir = _WORKDIR.value or default_workdir(cfg)
     print(f"workdir: {workdir}", file=sys.stderr)
+    check_train_config(cfg)
+    if jax.process_index() == 0:
+        write_run_config(workdir, cfg)
+    _PHASE["now"] = "the set-up before the training steps (this call saved no checkpoint)"
     result = train(cfg, workdir)
     if result.status == "interrupted":
         return 128 + int(result.signal)
     if result.status == "completed" and _EVAL_AFTER.value:
         from titans_lm.eval.evaluate import evaluate
+        _PHASE["now"] = (f"the final evaluation; training is complete and its checkpoint (step "
+                         f"{result.step}) is saved: run `titans-lm eval --workdir={workdir}` to "
+                         f"evaluate it")
         evaluate(workdir)
     return 0
 
@@ -135,12 +164,43 @@ def _eval(argv) -> int:
         if _CONFIG.value is None:
             raise UsageError("--workdir is required (the directory of a trained run)")
         workdir = default_workdir(_load_config())
+    _PHASE["now"] = "evaluation; the results of the datasets not yet scored were not written"
     evaluate(workdir, split=_SPLIT.value, text_file=_TEXT.value, step=_STEP.value,
-             wikitext=_WIKITEXT.value)
+             wikitext=_WIKITEXT.value, overrides=_EVAL_OVERRIDES)
     return 0
 
 
-_MAINS = {"prepare": _prepare, "train": _train, "eval": _eval}
+def _config(argv) -> int:
+    del argv
+    from titans_lm.cli_config import config_json
+    from titans_lm.config import validate
+    cfg = _load_config()
+    validate(cfg)
+    print(config_json(cfg), end="")
+    return 0
+
+
+def _plot(argv) -> int:
+    from titans_lm.train.plot import plot_runs
+    runs = argv[1:]
+    if not runs:
+        raise UsageError("plot needs at least one run directory: titans-lm plot W1 [W2 ...]")
+    out = _OUT.value or (str(Path(runs[0]) / "curves.png") if len(runs) == 1 else "curves.png")
+    print(f"wrote {plot_runs(runs, out)}")
+    return 0
+
+
+_MAINS = {"prepare": _prepare, "train": _train, "eval": _eval, "config": _config, "plot": _plot}
+_EVAL_OVERRIDES: dict[str, str] = {}
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the training steps (those stop at a step boundary themselves)."""
+
+
+def _raise_terminated(signum, frame):
+    del signum, frame
+    raise Terminated()
 
 
 def _run_command(cmd: str):
@@ -148,7 +208,8 @@ def _run_command(cmd: str):
         from titans_lm.train.checkpoint import CheckpointError
         from titans_lm.train.loop import NonFiniteLossError
         absl_logging.set_verbosity(absl_logging.ERROR)  # orbax/absl chatter; errors still show
-        if len(argv) > 1:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+        if len(argv) > 1 and cmd != "plot":
             print(f"titans-lm {cmd}: error: unexpected arguments {argv[1:]}", file=sys.stderr)
             return 2
         try:
@@ -159,8 +220,13 @@ def _run_command(cmd: str):
         except (ValueError, OSError, CheckpointError, NonFiniteLossError) as e:
             return _fail(cmd, e)
         except KeyboardInterrupt:
-            print(f"titans-lm {cmd}: interrupted", file=sys.stderr)
+            during = f" during {_PHASE['now']}" if _PHASE["now"] else ""
+            print(f"titans-lm {cmd}: interrupted by Ctrl-C{during}", file=sys.stderr)
             return 130
+        except Terminated:
+            during = f" during {_PHASE['now']}" if _PHASE["now"] else ""
+            print(f"titans-lm {cmd}: stopped by SIGTERM{during}", file=sys.stderr)
+            return 128 + signal.SIGTERM
     return main
 
 
@@ -226,6 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         print(command_help(cmd))
         return 0
     sub_argv = [f"{Path(argv[0]).name} {cmd}"] + argv[2:]
+    if cmd == "eval":  # eval applies --config.* to the checkpoint's config (titans_lm.cli_config)
+        from titans_lm.cli_config import split_overrides
+        try:
+            sub_argv, overrides = split_overrides(sub_argv)
+        except ValueError as e:
+            print(f"titans-lm {cmd}: error: {e}", file=sys.stderr)
+            return 2
+        _EVAL_OVERRIDES.clear()
+        _EVAL_OVERRIDES.update(overrides)
     sys.argv = sub_argv  # config_flags reads the --config.* overrides from sys.argv
     try:
         rest = parse_flags(sub_argv)

@@ -25,7 +25,10 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
 
     c.data = ml_collections.ConfigDict()
-    c.data.corpus = "books"  # books | tinyshakespeare (see titans_lm.data.corpora)
+    c.data.corpus = "books"  # books | tinyshakespeare | PATH (titans_lm.data.corpora, .user_corpus)
+    c.data.heldout_fraction = 0.1  # PATH corpora: documents held out, half validation, half test
+    c.data.validation_files = ""  # PATH corpora: comma-separated files held out instead
+    c.data.test_files = ""
     c.data.data_dir = default_data_dir()
     c.data.cache_dir = ""  # tokenizer and token stores; "" -> <data_dir>/../.cache
     c.data.vocab_size = 8192

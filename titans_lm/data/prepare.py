@@ -24,9 +24,10 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from titans_lm.data.corpora import Document, corpus_splits, load_documents
+from titans_lm.data.corpora import Document
 from titans_lm.data.store import FORMAT_VERSION, TokenStore, build_token_store
 from titans_lm.data.tokenizer import Tokenizer, train_or_load_tokenizer
+from titans_lm.data.user_corpus import corpus_label, load_splits, splits_of
 
 Log = Callable[[str], None]
 
@@ -108,7 +109,8 @@ def prepare_store(tokenizer: Tokenizer, docs: Sequence[Document], *, corpus: str
 
 
 def prepare(data_cfg: ml_collections.ConfigDict, *, tokenizer: Tokenizer | None = None,
-            splits: Sequence[str] | None = None, log: Log | None = log_to_stderr) -> Prepared:
+            splits: Sequence[str] | None = None, log: Log | None = log_to_stderr,
+            check_windows: bool = True) -> Prepared:
     """Tokenizer and token stores for ``data_cfg.corpus`` (built on first use, then reused).
 
     Args:
@@ -118,22 +120,25 @@ def prepare(data_cfg: ml_collections.ConfigDict, *, tokenizer: Tokenizer | None 
         evaluate a trained model on another corpus, e.g. wikitext-2 which has no train split).
       splits: which splits to build; default every split of the corpus.
       log: progress sink (``None``: silent).
+      check_windows: require the train split to hold one training window (``seq_len + 1``).
 
     Raises:
-      ValueError: unknown corpus/split, no train split to train a tokenizer on, or a tokenizer
-        whose vocabulary size differs from ``data_cfg.vocab_size``.
+      ValueError: unknown corpus/split, no train split to train a tokenizer on, a tokenizer
+        whose vocabulary size differs from ``data_cfg.vocab_size``, or (``check_windows``) a
+        train split shorter than one window.
       FileNotFoundError: a missing data file.
     """
-    corpus = data_cfg.corpus
-    available = corpus_splits(corpus)
+    corpus = corpus_label(data_cfg)
+    available = splits_of(data_cfg)
     splits = tuple(available if splits is None else splits)
     cache_dir = resolve_cache_dir(data_cfg)
-    docs = {s: load_documents(corpus, s, data_cfg.data_dir) for s in splits}
+    need_train = tokenizer is None and "train" in available and "train" not in splits
+    docs = load_splits(data_cfg, splits + (("train",) if need_train else ()))
     if tokenizer is None:
         if "train" not in available:
             raise ValueError(f"corpus {corpus!r} has no train split to train a tokenizer on "
                              f"(splits: {', '.join(available)}); pass the trained model's tokenizer")
-        train_docs = docs["train"] if "train" in docs else load_documents(corpus, "train", data_cfg.data_dir)
+        train_docs = docs["train"]
         t0 = time.perf_counter()
         tokenizer = train_or_load_tokenizer(train_docs, data_cfg.vocab_size, cache_dir,
                                             data_cfg.tokenizer_sentences, log=log)
@@ -144,4 +149,10 @@ def prepare(data_cfg: ml_collections.ConfigDict, *, tokenizer: Tokenizer | None 
                          f"{data_cfg.vocab_size}")
     stores = {s: prepare_store(tokenizer, docs[s], corpus=corpus, split=s, doc_align=data_cfg.doc_align,
                                cache_dir=cache_dir, log=log) for s in splits}
+    train_store = stores.get("train")
+    if check_windows and train_store is not None and train_store.num_tokens < int(data_cfg.seq_len) + 1:
+        raise ValueError(
+            f"corpus {data_cfg.corpus}: the train split holds {train_store.num_real_tokens:,} tokens, "
+            f"fewer than one training window of data.seq_len + 1 = {int(data_cfg.seq_len) + 1}; "
+            f"add text or lower data.seq_len")
     return Prepared(corpus=corpus, tokenizer=tokenizer, stores=stores, cache_dir=cache_dir)

@@ -18,7 +18,9 @@ contain "\\n", a text is encoded line by line (in parallel) with the same result
 whole.
 
 The trained model is cached in ``cache_dir`` under a sha256 of the training texts, the vocabulary
-size, every trainer setting and the sentencepiece version, and written atomically.
+size, every trainer setting and the sentencepiece version, and written atomically, with the
+model's own sha256 beside it (``<name>.model.sha256``): a cached model changed after it was
+written is detected and trained again.
 """
 
 from __future__ import annotations
@@ -227,14 +229,24 @@ def train_or_load_tokenizer(docs: Sequence[Document], vocab_size: int, cache_dir
     """
     key = tokenizer_key(docs, vocab_size, max_sentences, seed)
     path = Path(cache_dir) / f"tokenizer-{vocab_size}-{key[:16]}.model"
+    digest = path.with_name(path.name + ".sha256")  # the model's sha256, written beside it
     if path.is_file():
-        tok = Tokenizer.load(path)
+        try:
+            tok = Tokenizer.load(path)
+        except ValueError:
+            tok = None
+        recorded = digest.read_text().strip() if digest.is_file() else None
+        if tok is not None and recorded in (None, tok.fingerprint):
+            if log:
+                log(f"tokenizer: reusing {path}")
+            return tok
         if log:
-            log(f"tokenizer: reusing {path}")
-        return tok
+            log(f"tokenizer: {path} was changed after it was written (its sha256 no longer "
+                f"matches {digest.name}); training it again")
     lines = training_lines(docs, max_sentences, seed)
     tok = train_tokenizer(lines, vocab_size)
     tok.save(path)
+    _atomic_write(digest, (tok.fingerprint + "\n").encode())
     if log:
         log(f"tokenizer: trained vocab {vocab_size} on {len(lines)} lines -> {path}")
     return tok

@@ -8,14 +8,21 @@ summed log-likelihoods give token perplexity, word perplexity and bits per byte
 (``titans_lm.eval.perplexity``; ratios of totals over whole documents).
 
 Default datasets: the training corpus's held-out ``split`` (for ``books``, the test book) and the
-WikiText-2 raw test set (each article a document; the text of the Titans paper's "Wiki. ppl").
-``text_file`` scores one user file as a single document instead.
+WikiText-2 raw set of the same split (``test`` by default, ``validation`` with
+``split="validation"``; each article a document; the test set is the text of the Titans paper's
+"Wiki. ppl"). ``text_file`` scores one user file as a single document instead.
+
+``overrides`` change the checkpoint's config at evaluation time (``titans_lm.cli_config``: the
+window length ``data.seq_len``, the compute dtype, the memory implementation, batch sizes); the
+results of a changed window, dtype or implementation are named apart (``eval_<name>_seq_len1024``).
 
 Baseline: a unigram model of the same tokenizer, frequencies counted on the training split's
 tokens (BOS and padding excluded: neither is ever a target) with add-one smoothing over the V
 ids, ``p(v) = (count(v) + 1) / (N + V)``, scored on exactly the tokens the model is scored on.
 
-Results are printed as a table and written to ``<workdir>/eval_<name>.json``.
+Results are printed as a table and written to ``<workdir>/eval_<name>.json``; for a text file the
+name is ``text-<file name>-<8 hex digits of the sha256 of its absolute path>``, so two files never
+share a result file.
 """
 
 from __future__ import annotations
@@ -108,24 +115,28 @@ def _eval_mesh(cfg: ml_collections.ConfigDict):
 
 def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
     """[(name, corpus or None, split or None, documents)]."""
+    import hashlib
+
     from titans_lm.data.corpora import Document, load_documents, read_text
+    from titans_lm.data.user_corpus import corpus_label, load_split
     if text_file is not None:
         text = read_text(text_file)
         if not text.strip():
             raise ValueError(f"{text_file}: the file holds no text to score")
-        return [(f"text-{Path(text_file).name.split('.')[0]}", None, None,
+        where = hashlib.sha256(str(Path(text_file).resolve()).encode()).hexdigest()[:8]
+        return [(f"text-{Path(text_file).name}-{where}", None, None,
                  [Document(Path(text_file).name, text)])]
-    out = [(f"{cfg.data.corpus}-{split}", cfg.data.corpus, split,
-            load_documents(cfg.data.corpus, split, cfg.data.data_dir))]
-    if wikitext and cfg.data.corpus != WIKITEXT_CORPUS:
-        out.append(("wikitext2-test", WIKITEXT_CORPUS, "test",
-                    load_documents(WIKITEXT_CORPUS, "test", cfg.data.data_dir)))
+    out = [(f"{corpus_label(cfg.data)}-{split}", cfg.data.corpus, split, load_split(cfg.data, split))]
+    if wikitext and cfg.data.corpus != WIKITEXT_CORPUS:  # WikiText-2 of the same split
+        out.append((f"wikitext2-{split}", WIKITEXT_CORPUS, split,
+                    load_documents(WIKITEXT_CORPUS, split, cfg.data.data_dir)))
     return out
 
 
 def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = None,
              step: int | None = None, *, wikitext: bool = True, log: Log = print,
-             progress: bool = True) -> dict[str, dict[str, Any]]:
+             progress: bool = True, overrides: dict[str, str] | None = None
+             ) -> dict[str, dict[str, Any]]:
     """Score a trained run on held-out text.
 
     Args:
@@ -133,7 +144,9 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       split: held-out split of the training corpus ("test" or "validation").
       text_file: score this UTF-8 file (one document) instead of the corpora.
       step: the checkpoint to load (default: the newest).
-      wikitext: also score WikiText-2 test (when ``text_file`` is None).
+      wikitext: also score WikiText-2's ``split`` (when ``text_file`` is None).
+      overrides: ``{field: value text}`` applied to the checkpoint's config
+        (:func:`titans_lm.cli_config.apply_eval_overrides`).
       log: message sink. progress: show progress bars.
 
     Returns:
@@ -142,17 +155,25 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
 
     Raises:
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
-      ValueError / FileNotFoundError: unknown split, missing or unreadable text.
+      ValueError / FileNotFoundError: unknown split, missing or unreadable text, an override
+        eval cannot apply, or training data that changed since the run was trained.
     """
+    from titans_lm.cli_config import apply_eval_overrides, result_suffix
+    from titans_lm.config import validate
     from titans_lm.data.prepare import prepare, tokenize_documents
+    from titans_lm.data.run_data import check_run_data
 
     workdir = Path(workdir).resolve()
     ckpt = Checkpointer(workdir, read_only=True)
     try:
         step = ckpt.resolve_step(step)
-        cfg = ckpt.read_config(step)
+        saved = ckpt.read_config(step)
+        cfg = apply_eval_overrides(saved, overrides or {})
+        validate(cfg)
+        suffix = result_suffix(overrides or {}, saved)
         datasets = _datasets(cfg, split, text_file, wikitext)
-        prepared = prepare(cfg.data, splits=("train",), log=None)
+        prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
+        check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
         tokenizer = prepared.tokenizer
         fns = model_fns(cfg.model)
         mesh = _eval_mesh(cfg)
@@ -170,6 +191,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     max_docs = int(cfg.eval.get("max_docs", 0) or 0)
     results: dict[str, dict[str, Any]] = {}
     for name, corpus, split_name, docs in datasets:
+        name += suffix
         if max_docs:
             docs = docs[:max_docs]
         texts = [d.text for d in docs]
@@ -185,6 +207,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
         res = {"name": name, "corpus": corpus, "split": split_name, "text_file": text_file,
                "workdir": str(workdir), "step": step, "model_name": cfg.model.name,
                "n_params": n_params, "seq_len": seq_len, "n_docs": len(docs),
+               "overrides": dict(overrides or {}),
                "model": model.as_dict(), "unigram": uni.as_dict(),
                "seconds": time.perf_counter() - t0}
         results[name] = res

@@ -78,6 +78,32 @@ def config_differences(saved: Mapping[str, Any], requested: ml_collections.Confi
     return diffs
 
 
+def format_differences(workdir: Path, step: int, diffs: list[tuple[str, Any, Any]]) -> str:
+    """The refusal to resume: ``model.name`` first when it differs, then one line per field
+    present on both sides with different values, then the fields only one side has (by name)."""
+    by_key = {k: (a, b) for k, a, b in diffs}
+    head = f"cannot resume {workdir}: its checkpoint (step {step}) was written"
+    if "model.name" in by_key:
+        a, b = by_key.pop("model.name")
+        head += f" for model.name={a!r}, but the config asks for model.name={b!r}"
+    else:
+        head += " with a different configuration"
+    both = [(k, a, b) for k, (a, b) in by_key.items() if "<absent>" not in (a, b)]
+    only_saved = [k for k, (a, b) in by_key.items() if b == "<absent>"]
+    only_new = [k for k, (a, b) in by_key.items() if a == "<absent>"]
+    lines = [head + "."]
+    if both:
+        lines.append("fields that differ (checkpoint -> config):")
+        lines += [f"  {k}: {a!r} -> {b!r}" for k, a, b in both]
+    if only_saved:
+        lines.append(f"only in the checkpoint's config: {', '.join(only_saved)}")
+    if only_new:
+        lines.append(f"only in the requested config: {', '.join(only_new)}")
+    lines.append("Use a new --workdir for this config, or resume with the config the checkpoint "
+                 f"was written with ({Path(workdir) / 'config.json'}).")
+    return "\n".join(lines)
+
+
 def _first_line(err: Exception, limit: int = 300) -> str:
     text = str(err).strip().splitlines()
     line = text[0] if text else ""
@@ -188,11 +214,7 @@ class Checkpointer:
         saved = config_to_json_dict(self.read_config(step))
         diffs = config_differences(saved, cfg)
         if diffs:
-            show = lambda v: v if v == "<absent>" else repr(v)  # noqa: E731
-            parts = "; ".join(f"{k}={show(a)}, but the config asks for {show(b)}"
-                              for k, a, b in diffs)
-            raise CheckpointError(f"checkpoint in {self.workdir} was written with {parts}; use a "
-                                  f"new --workdir or the matching config")
+            raise CheckpointError(format_differences(self.workdir, step, diffs))
 
     # ------------------------------------------------------------------------------ save/restore
     def save(self, step: int, state: Any, data_state: Mapping[str, Any] | None,

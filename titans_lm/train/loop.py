@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
@@ -46,7 +47,7 @@ from tqdm import tqdm
 from titans_lm.config import validate
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer
-from titans_lm.train.optimizer import make_optimizer
+from titans_lm.train.optimizer import make_optimizer, schedule_warnings
 from titans_lm.train.state import abstract_state, count_params, init_state, model_fns, state_shardings
 from titans_lm.train.step import jit_eval_step, jit_train_step
 from titans_lm.train.writers import MetricWriter
@@ -176,6 +177,14 @@ def _hms(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _terminal_columns(stream) -> int:
+    """The width of the terminal ``stream`` writes to; 0 when it is not a terminal (or has none)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 0
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 def _default_log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
@@ -205,10 +214,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     """
     from titans_lm.data.pipeline import make_train_iterator
     from titans_lm.data.prepare import prepare
+    from titans_lm.data.run_data import check_run_data, write_run_data
 
     check_train_config(cfg)
     workdir = Path(workdir).resolve()
     primary = jax.process_index() == 0
+    for warning in schedule_warnings(cfg.optim, cfg.train.steps):
+        log(f"warning: {warning}")
     mesh = shd.make_mesh(cfg.mesh)
     check_mesh_fits(cfg, mesh)
     tcfg = cfg.train
@@ -228,6 +240,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
         latest = ckpt.latest_step()
         if latest is not None:
             ckpt.check_config(cfg, latest)
+            check_run_data(workdir, data, cfg.data.corpus, action="resume")
+        if primary:
+            write_run_data(workdir, data, cfg.data.corpus)
+        if latest is not None:
             state, it_state, _ = ckpt.restore(abstract_state(fns, tx, mesh), latest)
             if it_state is None:
                 raise ValueError(f"checkpoint {latest} in {workdir} holds no data-iterator state")
@@ -277,8 +293,9 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                              n_batches=tcfg.eval_batches, multiple=shd.batch_divisor(mesh))
 
     writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0)
-    # A live bar on a terminal; otherwise (logs, pipes) one plain line every log_every steps.
-    use_bar = progress and sys.stderr.isatty()
+    # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one plain line
+    # every log_every steps.
+    use_bar = progress and _terminal_columns(sys.stderr) > 0
     bar = tqdm(total=tcfg.steps, initial=start, disable=not use_bar, dynamic_ncols=True,
                mininterval=1.0, unit="step")
     t_start = time.perf_counter()
@@ -303,14 +320,15 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
             tps = tokens_per_step / max(now - clock["t"], 1e-9)
             clock["t"] = now
             result.losses[s] = m["loss"]
-            bar.update(1)
+            # The postfix first: update() redraws, and the bar must show step s with s's loss.
             bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+            bar.update(1)
             if s % tcfg.log_every == 0 or s == end:
                 writer.write(s, {**m, "tokens_per_sec": tps}, "train")
-                if progress and not use_bar:
-                    rate = (now - t_start) / max(s - start, 1)
-                    log(f"step {s}/{tcfg.steps}: loss {m['loss']:.4f}, {tps:,.0f} tokens/s, "
-                        f"lr {m['lr']:.3g}, ETA {_hms(rate * (tcfg.steps - s))}")
+            if progress and not use_bar and (s % tcfg.log_every == 0 or s == end or s == start + 1):
+                rate = (now - t_start) / max(s - start, 1)
+                log(f"step {s}/{tcfg.steps}: loss {m['loss']:.4f}, {tps:,.0f} tokens/s, "
+                    f"lr {m['lr']:.3g}, ETA {_hms(rate * (tcfg.steps - s))}")
 
     def validate_now(s: int) -> None:
         nll, n = 0.0, 0.0

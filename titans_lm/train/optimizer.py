@@ -61,6 +61,23 @@ def make_schedule(optim_cfg: ml_collections.ConfigDict, total_steps: int) -> opt
     return lambda step: sched(step + 1)
 
 
+def schedule_warnings(optim_cfg: ml_collections.ConfigDict, total_steps: int) -> list[str]:
+    """Warnings about a schedule that cannot do what it says (the schedule is not changed).
+
+    A warm-up at least as long as the run never reaches the peak ``optim.lr``: the whole run
+    trains at a fraction of it (with 80 warm-up steps and 30 steps, at most 3/8 of it).
+    """
+    warmup, steps = int(optim_cfg.warmup_steps), int(total_steps)
+    if warmup < steps:
+        return []
+    peak = min(steps, warmup) / max(warmup, 1)
+    suggest = max(1, steps // 10)
+    return [f"optim.warmup_steps={warmup} is not shorter than train.steps={steps}: the learning "
+            f"rate never reaches optim.lr={float(optim_cfg.lr):g} (it peaks at {peak:.0%} of it "
+            f"on the last step) and the run trains poorly; set --config.optim.warmup_steps="
+            f"{suggest} (10% of the run) or train longer"]
+
+
 def make_optimizer(optim_cfg: ml_collections.ConfigDict, total_steps: int
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """``(tx, schedule)``: clip_by_global_norm(clip_norm) then AdamW with the masked decay.

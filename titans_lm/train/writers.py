@@ -1,15 +1,20 @@
 """Where training metrics go: ``<workdir>/metrics.jsonl`` and TensorBoard events in ``<workdir>/tb``.
 
-Each JSONL line is one record ``{"step": int, <name>: float, ...}``: train records carry ``loss``,
-``grad_norm``, ``lr``, ``tokens`` and ``tokens_per_sec``; validation records ``val_loss`` and
-``val_ppl``. On resume from step S, records with ``step > S`` (written after the checkpoint the run
+Each JSONL line is one record ``{"step": int, <name>: float, ..., "time": str, "wall_s": float}``:
+train records carry ``loss``, ``grad_norm``, ``lr``, ``tokens`` and ``tokens_per_sec``; validation
+records ``val_loss`` and ``val_ppl``. ``time`` is when the record was written (UTC, ISO 8601) and
+``wall_s`` the seconds the run has been training (from the first step loop, summed over resumed
+segments: a resume continues from the last kept record's ``wall_s``; data preparation and
+compilation before the step loop are not counted). On resume from step S, records with ``step > S`` (written after the checkpoint the run
 resumes from) are dropped first, so the file never holds two values for one step.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,6 +45,8 @@ class MetricWriter:
         if not enabled:
             return
         kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= resume_step]
+        self._wall0 = max([float(r.get("wall_s", 0.0)) for r in kept] or [0.0])
+        self._t0 = time.perf_counter()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a")
@@ -52,6 +59,8 @@ class MetricWriter:
         rec = {"step": int(step)}
         rec.update({k: (float(v) if math.isfinite(float(v)) else str(float(v)))
                     for k, v in values.items()})
+        rec["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        rec["wall_s"] = round(self._wall0 + time.perf_counter() - self._t0, 3)
         self._file.write(json.dumps(rec) + "\n")
         self._file.flush()
         for k, v in values.items():
