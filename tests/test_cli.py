@@ -48,6 +48,7 @@ def test_command_help_lists_the_command_flags():
         assert text in p.stdout, p.stdout
     p = run_cli(["eval", "-h"])
     assert p.returncode == 0 and "--step:" in p.stdout and "--eval_after" not in p.stdout
+    assert "allowed fields: data.seq_len" in p.stdout  # the overrides eval honours
     _no_traceback(p)
 
 
@@ -82,5 +83,6 @@ def test_prepare_train_then_eval(cache, tmp_path):
     text.write_text("To be, or not to be, that is the question.\n" * 5)
     p = run_cli(["eval", f"--workdir={workdir}", f"--text={text}", "--step=3"])
     assert p.returncode == 0, p.stderr
-    res = json.loads((workdir / "eval_text-my notes.json").read_text())
-    assert res["step"] == 3 and res["model"]["n_words"] == 50 and "text-my notes" in p.stdout
+    (res_file,) = workdir.glob("eval_text-my notes.txt-*.json")
+    res = json.loads(res_file.read_text())
+    assert res["step"] == 3 and res["model"]["n_words"] == 50 and "text-my notes.txt-" in p.stdout

@@ -134,15 +134,10 @@ def _train(argv) -> int:
     del argv
     from titans_lm.train import sharding
     sharding.maybe_initialize_distributed()
-    import jax
-    from titans_lm.cli_config import write_run_config
-    from titans_lm.train.loop import check_train_config, train
+    from titans_lm.train.loop import train
     cfg = _load_config()
     workdir = _WORKDIR.value or default_workdir(cfg)
     print(f"workdir: {workdir}", file=sys.stderr)
-    check_train_config(cfg)
-    if jax.process_index() == 0:
-        write_run_config(workdir, cfg)
     _PHASE["now"] = "the set-up before the training steps (this call saved no checkpoint)"
     result = train(cfg, workdir)
     if result.status == "interrupted":

@@ -1,7 +1,8 @@
 """Config handling of the command line: the resolved config, ``config.json``, eval-time overrides.
 
 - :func:`resolve_config`: the config as a run uses it (a corpus path made absolute).
-- :func:`config_json`: the text of ``<workdir>/config.json`` and of ``titans-lm config``.
+- :func:`config_json` (from ``titans_lm.train.run_files``): the text of ``<workdir>/config.json``
+  and of ``titans-lm config``.
 - :func:`split_overrides` / :func:`apply_eval_overrides`: ``titans-lm eval`` rebuilds the model
   from the checkpoint's saved config; of the ``--config.<field>=VALUE`` overrides it honours those
   that make sense at evaluation time (:data:`EVAL_OVERRIDABLE`: the evaluation window length,
@@ -11,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,7 @@ from typing import Any
 import ml_collections
 
 from titans_lm.data.user_corpus import absolute_corpus
-
-CONFIG_FILE = "config.json"
+from titans_lm.train.run_files import config_json  # noqa: F401  (titans-lm config prints it)
 
 # Fields ``eval`` may change, and why they are safe: none changes a parameter's shape or value.
 EVAL_OVERRIDABLE = (
@@ -39,21 +38,6 @@ def resolve_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """``cfg`` with ``data.corpus`` made absolute when it is a path (changed in place, returned)."""
     cfg.data.corpus = absolute_corpus(cfg.data.corpus)
     return cfg
-
-
-def config_json(cfg: ml_collections.ConfigDict) -> str:
-    """The resolved config as indented JSON (the content of ``config.json``)."""
-    return json.dumps(json.loads(cfg.to_json_best_effort()), indent=1, sort_keys=True) + "\n"
-
-
-def write_run_config(workdir: str | Path, cfg: ml_collections.ConfigDict) -> Path:
-    """Write ``<workdir>/config.json`` (replaced on every start or resume of the run)."""
-    path = Path(workdir) / CONFIG_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(config_json(cfg))
-    tmp.replace(path)
-    return path
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -94,7 +78,7 @@ def _parse(field: str, text: str, current: Any) -> Any:
 def _get(cfg: Mapping[str, Any], field: str) -> Any:
     node: Any = cfg
     for part in field.split("."):
-        if not isinstance(node, Mapping) or part not in node:
+        if not hasattr(node, "keys") or part not in node.keys():
             raise KeyError(field)
         node = node[part]
     return node

@@ -161,7 +161,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     from titans_lm.cli_config import apply_eval_overrides, result_suffix
     from titans_lm.config import validate
     from titans_lm.data.prepare import prepare, tokenize_documents
-    from titans_lm.data.run_data import check_run_data
+    from titans_lm.train.run_files import check_run_data
 
     workdir = Path(workdir).resolve()
     ckpt = Checkpointer(workdir, read_only=True)
@@ -227,14 +227,15 @@ def format_table(results: dict[str, dict[str, Any]], cfg: ml_collections.ConfigD
                  n_params: int) -> str:
     """A plain-text table of the results: the model's token ppl, word ppl and bits/byte, then the
     same three for the unigram baseline of the same tokenizer (columns prefixed "unigram")."""
-    head = (f"{'dataset':<22}{'docs':>6}{'tokens':>11}{'words':>10}  {'token ppl':>10}"
+    w = max([22] + [len(r["name"]) + 2 for r in results.values()])
+    head = (f"{'dataset':<{w}}{'docs':>6}{'tokens':>11}{'words':>10}  {'token ppl':>10}"
             f"{'word ppl':>11}{'bits/byte':>10}  {'unigram token ppl':>18}{'unigram word ppl':>17}"
             f"{'unigram bits/byte':>18}")
     lines = [f"{cfg.model.name} ({n_params:,} parameters), checkpoint step {step}, windows of "
              f"{cfg.data.seq_len} tokens", head, "-" * len(head)]
     for r in results.values():
         m, u = r["model"], r["unigram"]
-        lines.append(f"{r['name']:<22}{r['n_docs']:>6}{m['n_tokens']:>11,}{m['n_words']:>10,}  "
+        lines.append(f"{r['name']:<{w}}{r['n_docs']:>6}{m['n_tokens']:>11,}{m['n_words']:>10,}  "
                      f"{_fmt(m.get('token_ppl')):>10}{_fmt(m.get('word_ppl')):>11}"
                      f"{_fmt(m.get('bits_per_byte')):>10}  {_fmt(u.get('token_ppl')):>18}"
                      f"{_fmt(u.get('word_ppl')):>17}{_fmt(u.get('bits_per_byte')):>18}")

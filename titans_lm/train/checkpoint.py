@@ -91,14 +91,23 @@ def format_differences(workdir: Path, step: int, diffs: list[tuple[str, Any, Any
     both = [(k, a, b) for k, (a, b) in by_key.items() if "<absent>" not in (a, b)]
     only_saved = [k for k, (a, b) in by_key.items() if b == "<absent>"]
     only_new = [k for k, (a, b) in by_key.items() if a == "<absent>"]
+    def names(keys: list[str]) -> str:  # a section with more than 3 such fields: "sec.* (n)"
+        groups: dict[str, list[str]] = {}
+        for k in keys:
+            groups.setdefault(k.rsplit(".", 1)[0], []).append(k)
+        parts = []
+        for parent, ks in groups.items():
+            parts += [f"{parent}.* ({len(ks)} fields)"] if len(ks) > 3 else ks
+        return ", ".join(parts)
+
     lines = [head + "."]
     if both:
         lines.append("fields that differ (checkpoint -> config):")
         lines += [f"  {k}: {a!r} -> {b!r}" for k, a, b in both]
     if only_saved:
-        lines.append(f"only in the checkpoint's config: {', '.join(only_saved)}")
+        lines.append(f"only in the checkpoint's config: {names(only_saved)}")
     if only_new:
-        lines.append(f"only in the requested config: {', '.join(only_new)}")
+        lines.append(f"only in the requested config: {names(only_new)}")
     lines.append("Use a new --workdir for this config, or resume with the config the checkpoint "
                  f"was written with ({Path(workdir) / 'config.json'}).")
     return "\n".join(lines)

@@ -214,7 +214,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     """
     from titans_lm.data.pipeline import make_train_iterator
     from titans_lm.data.prepare import prepare
-    from titans_lm.data.run_data import check_run_data, write_run_data
+    from titans_lm.train.run_files import check_run_data, write_run_config, write_run_data
 
     check_train_config(cfg)
     workdir = Path(workdir).resolve()
@@ -241,8 +241,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
         if latest is not None:
             ckpt.check_config(cfg, latest)
             check_run_data(workdir, data, cfg.data.corpus, action="resume")
-        if primary:
+        if primary:  # the checkpoint (if any) fits this config and data: record them
             write_run_data(workdir, data, cfg.data.corpus)
+            write_run_config(workdir, cfg)
         if latest is not None:
             state, it_state, _ = ckpt.restore(abstract_state(fns, tx, mesh), latest)
             if it_state is None:

@@ -1,4 +1,10 @@
-"""Which tokenizer and which text a run was trained on: ``<workdir>/data.json``.
+"""What a run folder records besides checkpoints and metrics: ``config.json`` and ``data.json``.
+
+``config.json`` is the resolved config of the run (:func:`config_json`; ``titans-lm config``
+prints the same text without training), written when a run starts or resumes, after the
+checkpoint's config was found compatible, so it always describes the checkpoints beside it.
+
+``data.json`` records which tokenizer and which text the run was trained on.
 
 The token stores are cached under content hashes (``titans_lm.data.prepare``): change a corpus
 file or the cached tokenizer and the next ``prepare`` builds new stores rather than reusing the
@@ -17,7 +23,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import ml_collections
+
 RUN_DATA_FILE = "data.json"
+CONFIG_FILE = "config.json"
+
+
+def config_json(cfg: ml_collections.ConfigDict) -> str:
+    """The config as indented JSON with sorted keys (the content of ``config.json``)."""
+    return json.dumps(json.loads(cfg.to_json_best_effort()), indent=1, sort_keys=True) + "\n"
+
+
+def write_run_config(workdir: str | Path, cfg: ml_collections.ConfigDict) -> Path:
+    """Write ``<workdir>/config.json`` atomically (replaced on every start or resume)."""
+    path = Path(workdir) / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(config_json(cfg))
+    tmp.replace(path)
+    return path
 
 
 def run_data_record(prepared, corpus: str) -> dict:
