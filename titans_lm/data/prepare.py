@@ -134,6 +134,12 @@ def prepare(data_cfg: ml_collections.ConfigDict, *, tokenizer: Tokenizer | None 
     cache_dir = resolve_cache_dir(data_cfg)
     need_train = tokenizer is None and "train" in available and "train" not in splits
     docs = load_splits(data_cfg, splits + (("train",) if need_train else ()))
+    if log and corpus != data_cfg.corpus:  # a user corpus: say which documents are held out
+        for s in ("validation", "test"):
+            if s in docs:
+                names = [d.name for d in docs[s]]
+                more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+                log(f"{corpus}/{s}: {', '.join(names[:5])}{more}")
     if tokenizer is None:
         if "train" not in available:
             raise ValueError(f"corpus {corpus!r} has no train split to train a tokenizer on "
