@@ -53,7 +53,7 @@ def _direct_nll(apply, params, tokens, T):
 def test_evaluate_matches_direct_computation(run):
     cfg, workdir = run
     results = evaluate(workdir, split="validation", log=lambda s: None, progress=False)
-    assert set(results) == {"tinyshakespeare-validation", "wikitext2-test"}
+    assert set(results) == {"tinyshakespeare-validation", "wikitext2-validation"}  # same split
 
     prep = prepare(cfg.data, splits=("train",), log=None)
     fns = model_fns(cfg.model)
@@ -68,7 +68,7 @@ def test_evaluate_matches_direct_computation(run):
     uni_logp = np.log((counts + 1) / (counts.sum() + cfg.model.vocab_size))
 
     for name, corpus, split in (("tinyshakespeare-validation", "tinyshakespeare", "validation"),
-                                ("wikitext2-test", "wikitext-2", "test")):
+                                ("wikitext2-validation", "wikitext-2", "validation")):
         docs = load_documents(corpus, split, cfg.data.data_dir)[:cfg.eval.max_docs]
         nll = n_tok = uni = 0.0
         words = nbytes = 0

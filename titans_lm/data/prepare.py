@@ -139,7 +139,7 @@ def prepare(data_cfg: ml_collections.ConfigDict, *, tokenizer: Tokenizer | None 
             if s in docs:
                 names = [d.name for d in docs[s]]
                 more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-                log(f"{corpus}/{s}: {', '.join(names[:5])}{more}")
+                log(f"{corpus}/{s} holds {', '.join(names[:5])}{more}")
     if tokenizer is None:
         if "train" not in available:
             raise ValueError(f"corpus {corpus!r} has no train split to train a tokenizer on "
