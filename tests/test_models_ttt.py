@@ -17,11 +17,13 @@ def test_causal_and_packed_documents_equal_alone(name):
 
 
 @pytest.mark.parametrize("name,inner,paper_lr", [
-    ("ttt_linear", ResidualLN(LinearMemory()), 1.0),
-    ("ttt_mlp", ResidualLN(MLPMemory(depth=2, expansion=4.0, activation="gelu_tanh")), 0.1)])
+    ("ttt_linear", ResidualLN(LinearMemory(bias=True), fast_ln=False), 1.0),
+    ("ttt_mlp", ResidualLN(MLPMemory(depth=2, expansion=4.0, activation="gelu_tanh", bias=True),
+                           fast_ln=False), 0.1)])
 def test_ttt_settings(name, inner, paper_lr):
     cfg = load_config(name).model
     assert cfg.memory.chunk_size == 16 and cfg.memory.head_dim == 64
+    assert cfg.memory.read_running_mean and cfg.memory.memory_bias and not cfg.memory.memory_ln_fast
     # TTT's base lr for its 0.5-scaled loss and mini-batch mean, in the engine's convention
     base_lr = cfg.memory.ttt_base_lr
     assert base_lr == paper_lr / (2 * cfg.memory.chunk_size)
@@ -29,9 +31,12 @@ def test_ttt_settings(name, inner, paper_lr):
     assert memory.model == inner
     names = set(nnx.to_pure_dict(nnx.state(memory, nnx.Param)))
     assert "w0" in names and not {"eta_w", "eta_b", "alpha_w", "alpha_b", "conv_q", "w_gate"} & names
-    # learned W0 per head: the inner model's matrices, then the LayerNorm scale and shift
+    # learned W0 per head: the inner model's matrices and fast biases, then the LayerNorm scale
+    # and shift (outer-loop parameters: the inner loop leaves them as they are)
     shapes = [p[...].shape for p in memory.w0]
-    assert shapes[-2:] == [(2, 16), (2, 16)]
+    assert shapes[-2:] == [(2, 16), (2, 16)] and shapes[1] == (2, shapes[0][-1])
+    n = len(shapes)
+    assert memory.model.outer_params() == {n - 2, n - 1}
     x, ids = mixer_input(dtype=jnp.float32)
     g = memory.project(x, ids)
     np.testing.assert_array_equal(np.asarray(g.eta), 0.0)  # no momentum

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients
+from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients, with_running_mean
 from titans_lm.memory.inner_models import InnerModel, Params, PlainAccess
 
 
@@ -96,8 +96,9 @@ def gradient_factors(model: InnerModel, params: Params, k: jax.Array, v: jax.Arr
 class _DualReadAccess:
     """Reads row i through the parameters after token i's write, without materialising them."""
 
-    def __init__(self, P0, S0, factors: GradientFactors, coef: ChunkCoefficients):
-        self.P0, self.S0, self.f, self.c = P0, S0, factors, coef
+    def __init__(self, P0, S0, factors: GradientFactors, coef: ChunkCoefficients,
+                 outer: frozenset = frozenset()):
+        self.P0, self.S0, self.f, self.c, self.outer = P0, S0, factors, coef, outer
 
     def matmul(self, index, r):
         c = self.c
@@ -106,6 +107,8 @@ class _DualReadAccess:
                 - (c.C * (r @ u.T)) @ d)
 
     def vector(self, index):
+        if index in self.outer:
+            return self.P0[index]          # outer-loop parameter: not written by the inner loop
         c = self.c
         return (c.B[:, None] * self.P0[index] + c.A[:, None] * self.S0[index]
                 - c.C @ self.f.signals[index])
@@ -150,18 +153,26 @@ def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v
     """The state-dependent part of :func:`chunk_step`, given the chunk's gate coefficients.
 
     The coefficients depend on the gates only, so a scan can compute them for every chunk at once
-    (batched, outside the sequential loop) and keep the loop body to the matmuls.
+    (batched, outside the sequential loop) and keep the loop body to the matmuls. ``coef`` gives
+    the reads (with :func:`~titans_lm.memory.coefficients.with_running_mean` applied for TTT's
+    running-mean reads), ``ends`` the chunk-end state. Outer-loop parameters of the model
+    (:meth:`~titans_lm.memory.inner_models.InnerModel.outer_params`) pass through unchanged.
 
     Returns:
       (reads [b, d_v], P_end, S_end).
     """
     factors = gradient_factors(model, P0, k, v)
+    outer = model.outer_params()
     if read == "after_write":
-        reads = model.forward(_DualReadAccess(P0, S0, factors, coef), q)
+        reads = model.forward(_DualReadAccess(P0, S0, factors, coef, outer), q)
     else:
         reads = model.forward(PlainAccess(P0), q)
     P_end, S_end = [], []
-    for p0, s0, u, d in zip(P0, S0, factors.inputs, factors.signals):
+    for i, (p0, s0, u, d) in enumerate(zip(P0, S0, factors.inputs, factors.signals)):
+        if i in outer:
+            P_end.append(p0)
+            S_end.append(s0)
+            continue
         if p0.ndim == 2:
             gP = u.T @ (ends.C[:, None] * d)
             gS = u.T @ (ends.M[:, None] * d)
@@ -174,7 +185,8 @@ def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v
 
 
 def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, alpha,
-               n_valid=None, *, read: str = "after_write"):
+               n_valid=None, *, read: str = "after_write", running_mean: bool = False,
+               log_keep=None):
     """One chunk of the memory recurrence: reads and the state after the chunk's last valid token.
 
     Args:
@@ -185,12 +197,17 @@ def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, a
       n_valid: number of real tokens (int scalar, may be traced; 0..b); the returned state is the
         state after token n_valid - 1 (the chunk start when 0). None means b.
       read: "after_write" reads f(q_i; P_i); "chunk_start" reads f(q_i; P0).
+      running_mean: reads at position i scale the gradient terms by b / (i + 1) (TTT's 1/i;
+        :func:`~titans_lm.memory.coefficients.running_mean_scale`); the state is unchanged.
+      log_keep: optional [b] log(1 - alpha), used instead of alpha.
     Returns:
       (reads [b, d_v], P_end, S_end).
     """
-    coef = chunk_coefficients(theta, eta, alpha)
-    return chunk_step_from_coefficients(model, P0, S0, k, v, q, coef, end_rows(coef, n_valid),
-                                        read=read)
+    coef = chunk_coefficients(theta, eta, alpha, log_keep=log_keep)
+    ends = end_rows(coef, n_valid)
+    if running_mean:
+        coef = with_running_mean(coef)
+    return chunk_step_from_coefficients(model, P0, S0, k, v, q, coef, ends, read=read)
 
 
 def _pad_rows(x, total, value):
@@ -202,7 +219,8 @@ def _pad_rows(x, total, value):
 
 
 def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
-                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1):
+                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
+                 running_mean: bool = False, log_keep=None):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     The sequence is cut into ceil(T / chunk_size) chunks; the last one is padded with zero keys,
@@ -213,6 +231,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
 
     Args:
       chunks_per_checkpoint: chunks per rematerialisation group (>= 1).
+      running_mean: TTT's running-mean reads (see :func:`chunk_step`).
+      log_keep: optional [T] log(1 - alpha), used instead of alpha (padded with 0).
     Raises:
       ValueError: for chunks_per_checkpoint < 1.
     """
@@ -236,8 +256,14 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     # Gate coefficients of every chunk at once: they do not depend on the state, so they stay
     # out of the sequential loop (batched over chunks, forward and backward).
     per_chunk = lambda x: x.reshape((n_groups * g, b) + x.shape[1:])  # noqa: E731
-    coef = jax.vmap(chunk_coefficients)(per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p))
+    if log_keep is None:
+        coef = jax.vmap(chunk_coefficients)(per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p))
+    else:
+        coef = jax.vmap(lambda th, et, lk: chunk_coefficients(th, et, None, log_keep=lk))(
+            per_chunk(theta_p), per_chunk(eta_p), per_chunk(_pad_rows(log_keep, total, 0)))
     ends = jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
+    if running_mean:
+        coef = with_running_mean(coef)
     if read != "after_write":
         coef = None   # the chunk-start read needs no coefficients inside the chunk
 

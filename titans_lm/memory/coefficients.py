@@ -17,9 +17,12 @@ C_{i,s} = theta_s sum_{s<=k<=i} D_{i,k} E_{k,s},  i.e.  C = (D @ E) * theta  (lo
 The segment products D and E come from prefix sums of log-gates, masked before the exp (never as
 ratios B_i / B_k of running products, which overflow or divide by a vanishing product). Gates
 that are exactly 0 (momentum off: eta = 0; a saturated float32 sigmoid: alpha = 1) are counted
-rather than logged, so the products through them are exact zeros, with exact derivatives (see
-:func:`segment_products`). The entries above the diagonal are exact zeros, so nothing at a later
-position reaches an earlier one.
+rather than logged, so the products through them are exact zeros; the derivatives divide by no
+gate, so they are exact for gates of any size, 0 included (:func:`segment_products_tangent`). The
+forget gate may come in log form, log(1 - alpha) from its pre-activation
+(:func:`log_segment_products`), which keeps the precision that 1 - alpha loses near 0 and 1.
+The entries above the diagonal are exact zeros, so nothing at a later position reaches an
+earlier one.
 """
 
 from __future__ import annotations
@@ -59,8 +62,7 @@ def _segment_parts(g):
     seg_zeros = n_zero[:, None] - n_zero[None, :]            # zeros in (k, i]
     seg_log = jnp.where(lower, cum[:, None] - cum[None, :], 0)   # masked before the exp
     nonzero_prod = jnp.where(lower, jnp.exp(seg_log), 0)     # product of the non-zero factors
-    prods = jnp.where(seg_zeros == 0, nonzero_prod, 0)
-    return prods, (lower, tri, zero, safe, seg_zeros, nonzero_prod)
+    return jnp.where(seg_zeros == 0, nonzero_prod, 0)
 
 
 @jax.custom_jvp
@@ -69,43 +71,116 @@ def segment_products(g: jax.Array) -> jax.Array:
 
     Computed from prefix sums of log g, masked before the exp; a factor that is exactly 0 is
     counted instead of logged, so products through it are exact zeros. The derivative is exact
-    too, including with respect to a factor that is exactly 0 (custom JVP: d P[i, k] =
-    P[i, k] sum_{k<j<=i} dg_j / g_j without zeros, the product of the other factors times dg_z
-    with one zero z, and 0 with two or more).
+    too, for factors of any size including exactly 0, and divides by none of them (custom JVP:
+    :func:`segment_products_tangent`).
 
     Args:
       g: [b] factors (gates) >= 0, any float dtype.
     Returns:
       [b, b] lower-triangular matrix of products of g over the half-open segments (k, i].
     """
-    return _segment_parts(g)[0]
+    return _segment_parts(g)
 
 
 @segment_products.defjvp
 def _segment_products_jvp(primals, tangents):
     (g,), (dg,) = primals, tangents
-    prods, (lower, tri, zero, safe, seg_zeros, nonzero_prod) = _segment_parts(g)
-    rel = tri @ jnp.where(zero, 0, dg / safe)                # sum_{j<=i} dg_j / g_j, non-zero j
-    dz = tri @ jnp.where(zero, dg, 0)                        # sum_{j<=i} dg_j, zero j
-    d_prods = jnp.where(seg_zeros == 0, prods * (rel[:, None] - rel[None, :]),
-                        jnp.where(seg_zeros == 1, nonzero_prod * (dz[:, None] - dz[None, :]), 0))
-    return prods, jnp.where(lower, d_prods, 0)
+    prods = segment_products(g)
+    return prods, segment_products_tangent(prods, dg)
 
 
-def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array) -> ChunkCoefficients:
+def segment_products_tangent(prods: jax.Array, dg: jax.Array) -> jax.Array:
+    """The tangent of :func:`segment_products` at ``prods`` = P(g) in the direction dg.
+
+    d P[i, k] = sum_{k<j<=i} P[i, j] dg_j P[j-1, k]: the product over (k, i] with factor j
+    replaced by its tangent is the product over (k, j-1] times the product over (j, i]. No factor
+    is divided by, so the derivative is exact for gates of any size, exactly 0 included (one zero
+    factor: the product of the others; two or more: 0), with no cancellation near 0 (the form
+    P sum_j dg_j / g_j would lose all precision at g ~ eps * the other terms). One b x b x b matmul
+    (b = chunk size), linear in dg, so reverse mode transposes it.
+
+    Args:
+      prods: [b, b] segment products P(g).
+      dg: [b] tangent of the factors.
+    Returns:
+      [b, b] lower-triangular tangent.
+    """
+    below = jnp.concatenate([jnp.zeros_like(prods[:1]), prods[:-1]], axis=0)  # [j, k] = P[j-1, k]
+    return jnp.matmul(prods * dg[None, :], below, precision=jax.lax.Precision.HIGHEST)
+
+
+def log_segment_products(log_g: jax.Array) -> jax.Array:
+    """P[i, k] = exp(sum_{k<j<=i} log_g_j) for i >= k (1 on the diagonal), 0 for i < k.
+
+    The factors in log form (the forget gate as log(1 - alpha) = log_sigmoid(-a) from its
+    pre-activation a, exact where 1 - alpha would round: alpha -> 0 and alpha -> 1). Every segment
+    sum is formed directly as a sum of its own terms (a masked matmul, no difference of running
+    sums), so nothing cancels; the derivative follows by automatic differentiation through exp and
+    the sums (d P = P * d(segment sum)), with no division. A factor of exactly 0 (log_g = -inf)
+    gives exact zeros through it, with zero derivative with respect to that factor's log.
+
+    Args:
+      log_g: [b] logs of the factors (<= 0 for gates in [0, 1]; -inf allowed), any float dtype.
+    Returns:
+      [b, b] lower-triangular matrix of products over the half-open segments (k, i].
+    """
+    b = log_g.shape[0]
+    idx = jnp.arange(b)
+    lower = idx[:, None] >= idx[None, :]
+    zero = jnp.isneginf(log_g)
+    safe = jnp.where(zero, jnp.zeros((), log_g.dtype), log_g)
+    terms = jnp.where(lower, safe[None, :], 0)                      # [i, j] = [j <= i] l_j
+    after = (idx[:, None] > idx[None, :]).astype(log_g.dtype)       # [j, k] = [j > k]
+    seg = jnp.matmul(terms, after, precision=jax.lax.Precision.HIGHEST)
+    n_zero = jnp.cumsum(zero.astype(jnp.int32))
+    seg_zeros = n_zero[:, None] - n_zero[None, :]
+    return jnp.where(lower & (seg_zeros == 0), jnp.exp(jnp.where(lower, seg, 0)), 0)
+
+
+def running_mean_scale(b: int, dtype=jnp.float32) -> jax.Array:
+    """[b] read scale of TTT's running mean within a mini-batch: b / (j + 1) at position j.
+
+    TTT (Sun et al. 2024, arXiv:2407.04620 sec. 2.5; ttt-lm-jax ``token_idx``) reads row j
+    (0-based) of a mini-batch through W0 - eta / (j + 1) sum_{s<=j} grad_s: the mean of the
+    gradients so far. The engine's per-token theta already carries 1/b (``ttt_engine_lr``), so the
+    read of row j scales the gradient terms by b / (j + 1); the last row (scale 1) and the state
+    after the chunk are unchanged.
+    """
+    return b / jnp.arange(1, b + 1, dtype=dtype)
+
+
+def with_running_mean(coef: "ChunkCoefficients") -> "ChunkCoefficients":
+    """The coefficients with the read rows of C scaled by :func:`running_mean_scale`.
+
+    Only the reads inside a chunk change (C is the weight of G_s in read i); the end-of-chunk rows
+    (:func:`titans_lm.memory.chunked.end_rows`) must be taken from the unscaled coefficients.
+    Works on one chunk ([b, b] C) or a batch of chunks ([N, b, b]).
+    """
+    b = coef.C.shape[-1]
+    return coef._replace(C=coef.C * running_mean_scale(b, coef.C.dtype)[:, None])
+
+
+def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None, *,
+                       log_keep: jax.Array | None = None) -> ChunkCoefficients:
     """Closed-form coefficients of one chunk from its per-token gates.
 
     Args:
       theta: [b] inner learning rates theta_s (Titans eq. 13).
       eta: [b] momentum decays eta_i (eq. 13).
-      alpha: [b] forget gates alpha_i (eq. 14).
+      alpha: [b] forget gates alpha_i (eq. 14); ignored (may be None) when log_keep is given.
+      log_keep: optional [b] log(1 - alpha_i), the forget gate in log form (see
+        :func:`log_segment_products`); used instead of alpha when given.
     Returns:
       ChunkCoefficients (see the module docstring for the formulas).
     """
-    keep = 1 - alpha
-    D = segment_products(keep)       # D[i, k] = B_i / B_k
+    if log_keep is None:
+        keep = 1 - alpha
+        D = segment_products(keep)       # D[i, k] = B_i / B_k
+        B = D[:, 0] * keep[0]            # B_i = prod_{j<=i} (1 - alpha_j)
+    else:
+        D = log_segment_products(log_keep)
+        B = D[:, 0] * jnp.exp(log_keep[0])
     E = segment_products(eta)        # E[k, s] = E_{k,s}
-    B = D[:, 0] * keep[0]            # B_i = prod_{j<=i} (1 - alpha_j)
     E0 = E[:, 0] * eta[0]            # E_{i,0} = prod_{j<=i} eta_j
     A = D @ E0
     C = (D @ E) * theta[None, :]

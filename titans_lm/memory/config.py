@@ -32,6 +32,9 @@ class MemoryConfig:
       memory_activation: "silu" | "gelu" | "gelu_tanh" (MLP memories).
       memory_bias: biases in the inner model (fast weights too).
       memory_residual_ln: TTT's inner model x + LN(f(x)) (fits LN(f(k)) to v - k).
+      memory_ln_fast: with memory_residual_ln, the LN scale and shift are fast weights updated
+        by the inner loop (True) or outer-loop parameters that only the outer loss trains
+        (False: TTT, ttt-lm-jax's ``ttt_norm``).
       chunk_size: mini-batch size b of the inner gradient descent (TTT: 16). Should divide the
         data pipeline's doc_align (64) so every document starts on a chunk boundary.
       theta_max: upper bound of the Titans inner learning rate theta = theta_max * sigmoid(.).
@@ -58,6 +61,10 @@ class MemoryConfig:
       qk_l2_norm: l2-normalise queries and keys (Titans).
       use_output_gate: y = RMSNorm(reads) * SiLU(x W_g) before the output projection.
       read: "after_write" (read token t after its own write) or "chunk_start".
+      read_running_mean: TTT's reads inside a mini-batch: the read at position j of a chunk
+        weights the gradients so far by 1 / (j + 1) (their running mean) rather than by the
+        per-token theta, which carries 1/b in the TTT configs (``memory_scan(running_mean=True)``;
+        ttt-lm-jax ``token_idx``). The state after each chunk is the same either way.
       impl: engine implementation ("chunked", "reference", or a registered one).
       chunks_per_checkpoint: chunks per rematerialisation group of the chunked engine.
       dtype: compute dtype of the projections ("float32" | "bfloat16" | "float64"); the inner
@@ -74,6 +81,7 @@ class MemoryConfig:
     memory_activation: str = "silu"
     memory_bias: bool = False
     memory_residual_ln: bool = False
+    memory_ln_fast: bool = True
     chunk_size: int = 16
     theta_max: float = 0.1
     gate_style: str = "titans"
@@ -90,6 +98,7 @@ class MemoryConfig:
     qk_l2_norm: bool = True
     use_output_gate: bool = True
     read: str = "after_write"
+    read_running_mean: bool = False
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -127,7 +136,8 @@ class MemoryConfig:
         """The per-head inner model these settings describe."""
         return make_inner_model(self.memory_depth, expansion=self.memory_expansion,
                                 activation=self.memory_activation, bias=self.memory_bias,
-                                residual_ln=self.memory_residual_ln)
+                                residual_ln=self.memory_residual_ln,
+                                fast_ln=self.memory_ln_fast)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], **overrides: Any) -> "MemoryConfig":

@@ -11,9 +11,11 @@ vector (bias, LayerNorm scale or shift) broadcast over the rows. Layouts:
   ``(W_1, b_1, ..., W_L, b_L)``. f(x) = act(... act(x W_1 + b_1) ...) W_L + b_L.
   Titans' deep memory (L_M >= 2, arXiv:2501.00663 sec. 3.1); TTT-MLP's inner model (L = 2, GELU).
 * :class:`ResidualLN` wraps an inner model g with d_k = d_v: f(x) = x + LN(g(x)), LN over the
-  last axis with a learned scale and shift that are fast weights too. Layout: g's parameters, then
-  ``(ln_scale [d_v], ln_shift [d_v])``. TTT's residual + LayerNorm inner model
-  (arXiv:2407.04620 sec. 2.7): fitting f(k) to v is fitting LN(g(k)) to v - k.
+  last axis with a learned scale and shift. Layout: g's parameters, then
+  ``(ln_scale [d_v], ln_shift [d_v])``, fast weights or (``fast_ln=False``, TTT) outer-loop
+  parameters that the inner loop leaves unchanged (:meth:`InnerModel.outer_params`). TTT's
+  residual + LayerNorm inner model (arXiv:2407.04620 sec. 2.7): fitting f(k) to v is fitting
+  LN(g(k)) to v - k.
 
 Every model computes its forward through a :class:`ParamAccess` object instead of touching the
 parameters directly. The same forward code then serves a plain evaluation (:class:`PlainAccess`),
@@ -107,6 +109,15 @@ class InnerModel(abc.ABC):
         shapes = self.param_shapes(d_in, d_out)
         keys = jax.random.split(rng, len(shapes))
         return tuple(self._init_one(keys[i], i, s, dtype) for i, s in enumerate(shapes))
+
+    def outer_params(self) -> frozenset[int]:
+        """Indices of parameters the inner loop does not update (outer-loop parameters).
+
+        They take part in f and in the inner gradients, but keep their chunk-start (initial)
+        value through the whole sequence; only the outer loss trains them (through params0 and
+        reset_to). Default: none, every parameter is a fast weight.
+        """
+        return frozenset()
 
     def apply(self, params: Sequence[jax.Array], x: jax.Array) -> jax.Array:
         """f(x; P): x [N, d_in] -> [N, d_out] (a single row vector [d_in] works as well)."""
@@ -242,13 +253,25 @@ class MLPMemory(InnerModel):
 
 @dataclasses.dataclass(frozen=True)
 class ResidualLN(InnerModel):
-    """f(x) = x + LN(g(x)) with the LN scale and shift as fast weights (TTT, arXiv:2407.04620).
+    """f(x) = x + LN(g(x)), TTT's residual + LayerNorm inner model (arXiv:2407.04620 sec. 2.7).
 
     Layout: the parameters of ``inner`` followed by ``(ln_scale [d], ln_shift [d])``; requires
     d_in = d_out = d. LN normalises over the last axis with epsilon 1e-6.
+
+    ``fast_ln``: True makes the LN scale and shift fast weights updated by the inner loop;
+    False (TTT, ttt-lm-jax ``ttt_norm``) makes them outer-loop parameters
+    (:meth:`InnerModel.outer_params`): they keep their initial value and only the outer loss
+    trains them.
     """
 
     inner: InnerModel = dataclasses.field(default_factory=LinearMemory)
+    fast_ln: bool = True
+
+    def outer_params(self):
+        if self.fast_ln:
+            return self.inner.outer_params()
+        n = self._scale_index
+        return self.inner.outer_params() | {n, n + 1}
 
     def forward(self, access, x):
         g = self.inner.forward(access, x)
@@ -311,8 +334,12 @@ def resolve_model(model: InnerModel | str) -> InnerModel:
 
 
 def make_inner_model(depth: int, *, expansion: float = 4.0, activation: str = "silu",
-                     bias: bool = False, residual_ln: bool = False) -> InnerModel:
+                     bias: bool = False, residual_ln: bool = False,
+                     fast_ln: bool = True) -> InnerModel:
     """The inner model of a memory of ``depth`` layers (1 = linear, 2..4 = MLP).
+
+    ``residual_ln`` wraps it as x + LN(g(x)) (:class:`ResidualLN`), whose LN scale and shift are
+    fast weights with ``fast_ln`` and outer-loop parameters without.
 
     Raises:
       ValueError: for a depth outside 1..4 or an unknown activation.
@@ -323,4 +350,4 @@ def make_inner_model(depth: int, *, expansion: float = 4.0, activation: str = "s
         base = MLPMemory(depth=depth, expansion=expansion, activation=activation, bias=bias)
     else:
         raise ValueError(f"memory depth must be in 1..4, got {depth}")
-    return ResidualLN(base) if residual_ln else base
+    return ResidualLN(base, fast_ln=fast_ln) if residual_ln else base

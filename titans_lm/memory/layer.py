@@ -240,6 +240,8 @@ class NeuralMemory(nnx.Module):
         if reset_to is None:
             reset_to = self.initial_state(B)[0]
         options = {"chunks_per_checkpoint": cfg.chunks_per_checkpoint} if cfg.impl == "chunked" else {}
+        if cfg.read_running_mean:
+            options["running_mean"] = True
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 

@@ -8,9 +8,9 @@ only the operations both Pallas lowerings (Triton, Mosaic TPU) support: 2-D matm
 of values, no cumulative ops, no slicing of values: a quantity needed both as a row [1, b] and a
 column [b, 1] is built in each orientation from the gates, which the kernels load in both.
 
-Gate matrices from sums of logs, masked before the exp. With l_j = log(1 - alpha_j) and
-e_j = log(eta_j) (both clamped at log(tiny) so that a gate of exactly 0 gives a product of ~1e-38,
-i.e. 0 in float32, instead of log(0)):
+Gate matrices from sums of logs, masked before the exp. With l_j = log(1 - alpha_j) (the kernel
+receives the forget gate in this log form) and e_j = log(eta_j) (both clamped at log(tiny) so
+that a gate of exactly 0 gives a product of ~1e-38, i.e. 0 in float32, instead of log(0)):
 
     D[i, k] = exp(sum_{k<m<=i} l_m)   (i >= k, else 0)      = B_i / B_k
     E[i, s] = exp(sum_{s<m<=i} e_m)   (i >= s, else 0)      = E_{i,s}
@@ -20,7 +20,7 @@ not as a difference of running sums, so a clamped log(0) = -87 never cancels aga
 the products stay exact to rounding. Then (coefficients.py, same notation):
 
     B_i = exp(sum_{m<=i} l_m), E0_i = exp(sum_{m<=i} e_m), A_i = sum_k D[i,k] E0_k,
-    C = (D @ E) * theta[None, :]
+    C = (D @ E) * theta[None, :] * read_scale[:, None]     (read_scale: 1, or TTT's b / (i + 1))
 
 and for the state after the chunk's last real token (index last; the padding after it has
 theta = 0, eta = 1, alpha = 0, so products over padding are 1):
@@ -51,8 +51,10 @@ from jax.experimental import pallas as pl
 
 HIGHEST = lax.Precision.HIGHEST
 
-# Row indices of the packed per-chunk gate array [8, b] (and columns of its transpose [b, 8]).
-ROW_THETA, ROW_ETA, ROW_ALPHA, ROW_RESET = 0, 1, 2, 3
+# Row indices of the packed per-chunk gate array [8, b] (and columns of its transpose [b, 8]):
+# theta, eta, the forget gate as log(1 - alpha), the reset flag, the read scale (TTT's running
+# mean b / (i + 1), else 1).
+ROW_THETA, ROW_ETA, ROW_LOG_KEEP, ROW_RESET, ROW_READ_SCALE = 0, 1, 2, 3, 4
 GATE_ROWS = 8
 
 
@@ -75,14 +77,18 @@ def mm_nt(a, b, precision=HIGHEST):
 
 
 class ChunkGates(NamedTuple):
-    """The gates of one chunk in both orientations (rows [1, b], columns [b, 1]), compute dtype."""
+    """The gates of one chunk in both orientations (rows [1, b], columns [b, 1]), compute dtype.
+
+    log_keep: log(1 - alpha); read_scale_c: [b, 1] scale of the gradient terms of read i.
+    """
 
     theta_r: jax.Array
     eta_r: jax.Array
-    alpha_r: jax.Array
+    log_keep_r: jax.Array
     theta_c: jax.Array
     eta_c: jax.Array
-    alpha_c: jax.Array
+    log_keep_c: jax.Array
+    read_scale_c: jax.Array
 
 
 class KernelCoefficients(NamedTuple):
@@ -171,7 +177,8 @@ def kernel_coefficients(gates: ChunkGates, valid_r: jax.Array,
     zero = jnp.zeros((), dt)
     one = jnp.ones((), dt)
     neg_inf = jnp.full((), -jnp.inf, dt)
-    lk_r, lk_c = _safe_log(1 - gates.alpha_r), _safe_log(1 - gates.alpha_c)
+    log_tiny = jnp.log(jnp.finfo(dt).tiny)
+    lk_r, lk_c = jnp.maximum(gates.log_keep_r, log_tiny), jnp.maximum(gates.log_keep_c, log_tiny)
     le_r, le_c = _safe_log(gates.eta_r), _safe_log(gates.eta_c)
 
     lower = j <= i                                             # [i, m]: m <= i
@@ -183,7 +190,7 @@ def kernel_coefficients(gates: ChunkGates, valid_r: jax.Array,
     B = jnp.exp(jnp.sum(keep_lower, axis=1, keepdims=True))    # [b, 1]
     E0_r = jnp.exp(jnp.sum(jnp.where(i <= j, le_c, zero), axis=0, keepdims=True))  # [1, b] over k
     A = jnp.sum(D * E0_r, axis=1, keepdims=True)               # [b, 1]
-    C = mm(D, E, precision) * gates.theta_r                                # [b, b]
+    C = mm(D, E, precision) * gates.theta_r * gates.read_scale_c           # [b, b]
 
     # The state after the last real token. D[last, k] = prod_{m > k} (1 - alpha_m) (padding: 1).
     D_end_r = jnp.exp(jnp.sum(jnp.where(i > j, lk_c, zero), axis=0, keepdims=True))  # [1, b]: k
@@ -213,8 +220,9 @@ def load_gates(rows_ref, cols_ref, prefix: tuple, dtype) -> ChunkGates:
     def col(r):
         return cols_ref[prefix + (slice(None), pl.ds(r, 1))].astype(dtype)
 
-    return ChunkGates(theta_r=row(ROW_THETA), eta_r=row(ROW_ETA), alpha_r=row(ROW_ALPHA),
-                      theta_c=col(ROW_THETA), eta_c=col(ROW_ETA), alpha_c=col(ROW_ALPHA))
+    return ChunkGates(theta_r=row(ROW_THETA), eta_r=row(ROW_ETA), log_keep_r=row(ROW_LOG_KEEP),
+                      theta_c=col(ROW_THETA), eta_c=col(ROW_ETA), log_keep_c=col(ROW_LOG_KEEP),
+                      read_scale_c=col(ROW_READ_SCALE))
 
 
 def valid_row(chunk_index, b: int, seq_len: int):

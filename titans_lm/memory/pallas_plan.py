@@ -75,6 +75,9 @@ class KernelPlan:
     precision: of the data matmuls (see PRECISIONS); the gate-matrix matmuls are always
       float32-accurate (:meth:`coefficient_precision`).
     num_warps: Triton warps per program.
+    running_mean: TTT's running-mean reads (``memory_scan(running_mean=True)``).
+    log_keep: the forget-gate argument of :func:`~titans_lm.memory.pallas_scan.kernel_scan` is
+      log(1 - alpha) (``memory_scan(log_keep=...)``), not alpha.
     """
 
     model: InnerModel
@@ -95,6 +98,8 @@ class KernelPlan:
     compute_dtype: str
     precision: str
     num_warps: int
+    running_mean: bool = False
+    log_keep: bool = False
 
     @property
     def n_chunks(self) -> int:
@@ -177,7 +182,8 @@ def _largest_block(total: int, limit: int, minimum: int = 16) -> int | None:
 
 def make_plan(model: InnerModel, params0, dtype, *, seq_len: int, chunk_size: int, read: str,
               chunks_per_checkpoint: int, backend: str, interpret: bool,
-              precision: str = "highest") -> KernelPlan | str:
+              precision: str = "highest", running_mean: bool = False,
+              log_keep: bool = False) -> KernelPlan | str:
     """A KernelPlan for this problem, or a one-line reason why the kernels do not take it.
 
     Args:
@@ -186,6 +192,7 @@ def make_plan(model: InnerModel, params0, dtype, *, seq_len: int, chunk_size: in
       chunks_per_checkpoint: chunks per saved state for the backward pass (>= 1).
       backend, interpret: from :func:`resolve_backend`.
       precision: one of PRECISIONS.
+      running_mean, log_keep: see :class:`KernelPlan`.
     Raises:
       ValueError: for chunks_per_checkpoint < 1, an unknown precision or "tf32x3" outside the
         compiled Triton kernel (bad arguments, not unsupported problems).
@@ -252,4 +259,5 @@ def make_plan(model: InnerModel, params0, dtype, *, seq_len: int, chunk_size: in
                       seq_len=int(seq_len), chunk_size=chunk_size, group=group,
                       n_groups=math.ceil(n_chunks / group), d_k=d_k, d_v=d_v, hidden=hidden,
                       block_v=block_v, block_h=block_h, read=read, dtype=dtype.name,
-                      compute_dtype=compute, precision=precision, num_warps=num_warps)
+                      compute_dtype=compute, precision=precision, num_warps=num_warps,
+                      running_mean=bool(running_mean), log_keep=bool(log_keep))

@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from titans_lm.memory.chunked import chunk_step_from_coefficients, chunked_scan, end_rows
-from titans_lm.memory.coefficients import chunk_coefficients
+from titans_lm.memory.coefficients import chunk_coefficients, running_mean_scale, with_running_mean
 from titans_lm.memory.inner_models import InnerModel
-from titans_lm.memory.pallas_chunk import GATE_ROWS, ROW_ALPHA, ROW_ETA, ROW_RESET, ROW_THETA
+from titans_lm.memory.pallas_chunk import (GATE_ROWS, ROW_ETA, ROW_LOG_KEEP, ROW_READ_SCALE,
+                                           ROW_RESET, ROW_THETA)
 from titans_lm.memory.pallas_plan import KernelPlan, log_fallback, make_plan, resolve_backend
 
 
@@ -54,26 +55,30 @@ def _pad_rows(x, total, value):
 
 def _padded_inputs(plan: KernelPlan, k, v, q, theta, eta, alpha, reset):
     """Inputs padded to n_chunks * b tokens (zero k, v, q; theta 0, eta 1, alpha 0; no reset),
-    cut into chunks: k, v, q [N, b, d]; theta, eta, alpha [N, b] (compute dtype); reset [N] bool
-    (the flag of each chunk's first token)."""
+    cut into chunks: k, v, q [N, b, d]; theta, eta, alpha (log(1 - alpha) with plan.log_keep)
+    [N, b] (compute dtype); reset [N] bool (the flag of each chunk's first token)."""
     N, b = plan.n_chunks, plan.chunk_size
     total = N * b
     cdt = jnp.dtype(plan.compute_dtype)
     k_c, v_c, q_c = (_pad_rows(x, total, 0).reshape(N, b, x.shape[-1]) for x in (k, v, q))
     th = _pad_rows(theta.astype(cdt), total, 0).reshape(N, b)
     et = _pad_rows(eta.astype(cdt), total, 1).reshape(N, b)
-    al = _pad_rows(alpha.astype(cdt), total, 0).reshape(N, b)
+    al = _pad_rows(alpha.astype(cdt), total, 0).reshape(N, b)   # alpha = 0 and log(1 - 0) = 0
     rs = _pad_rows(reset, total, False).reshape(N, b)[:, 0]
     return k_c, v_c, q_c, th, et, al, rs
 
 
 def _gate_blocks(plan: KernelPlan, th, et, al, rs):
-    """Packed gates: rows [N, 8, b] (theta, eta, alpha, reset flag, zeros) and columns [N, b, 8]."""
+    """Packed gates: rows [N, 8, b] (theta, eta, log(1 - alpha), reset flag, read scale, zeros)
+    and columns [N, b, 8]."""
     cdt = jnp.dtype(plan.compute_dtype)
     N, b = th.shape
     rows = [jnp.zeros((N, b), cdt)] * GATE_ROWS
-    rows[ROW_THETA], rows[ROW_ETA], rows[ROW_ALPHA] = th, et, al
+    rows[ROW_THETA], rows[ROW_ETA] = th, et
+    rows[ROW_LOG_KEEP] = al if plan.log_keep else jnp.log1p(-al)
     rows[ROW_RESET] = jnp.broadcast_to(rs.astype(cdt)[:, None], (N, b))
+    scale = running_mean_scale(b, cdt) if plan.running_mean else jnp.ones((b,), cdt)
+    rows[ROW_READ_SCALE] = jnp.broadcast_to(scale[None, :], (N, b))
     gate_rows = jnp.stack(rows, axis=1)
     return gate_rows, jnp.swapaxes(gate_rows, 1, 2)
 
@@ -133,8 +138,12 @@ def _kernel_scan_bwd(plan, residuals, cotangents):
     # As chunked_scan: the gate coefficients of all chunks at once, outside the sequential loop;
     # their cotangents are collected by the loop and pulled back to the gates in one batched vjp.
     def coefficients(th, et, al):
-        coef = jax.vmap(chunk_coefficients)(th, et, al)
-        return coef, jax.vmap(end_rows)(coef, n_valid)
+        if plan.log_keep:
+            coef = jax.vmap(lambda t, e, lk: chunk_coefficients(t, e, None, log_keep=lk))(th, et, al)
+        else:
+            coef = jax.vmap(chunk_coefficients)(th, et, al)
+        ends = jax.vmap(end_rows)(coef, n_valid)
+        return (with_running_mean(coef) if plan.running_mean else coef), ends
 
     (coef, ends), coef_vjp = jax.vjp(coefficients, th, et, al)
     grouped = lambda x: x.reshape((n_groups, g) + x.shape[1:])  # noqa: E731
@@ -185,7 +194,7 @@ kernel_scan.defvjp(_kernel_scan_fwd, _kernel_scan_bwd)
 def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                 backend: str | None = None, interpret: bool | None = None,
-                precision: str = "highest"):
+                precision: str = "highest", running_mean: bool = False, log_keep=None):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -198,6 +207,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
       precision: of the data matmuls: "highest" (float32, default), "tf32x3" (three TF32
         passes, compiled Triton only) or "default" (the platform's fast float32 matmul: TF32 on
         NVIDIA GPUs, bfloat16 passes on TPUs).
+      running_mean, log_keep: as memory_scan's (the kernel receives the forget gate as
+        log(1 - alpha) either way, and the read scale as a gate row).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -209,13 +220,16 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
     backend, interpret = resolve_backend(backend, interpret, jax.default_backend())
     plan = make_plan(model, params0, k.dtype, seq_len=k.shape[0], chunk_size=chunk_size, read=read,
                      chunks_per_checkpoint=chunks_per_checkpoint, backend=backend,
-                     interpret=interpret, precision=precision)
+                     interpret=interpret, precision=precision, running_mean=running_mean,
+                     log_keep=log_keep is not None)
     if isinstance(plan, str):
         log_fallback(plan)
         return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
-                            chunks_per_checkpoint=chunks_per_checkpoint)
-    return kernel_scan(plan, tuple(params0), tuple(momentum0), k, v, q, theta, eta, alpha, reset,
+                            chunks_per_checkpoint=chunks_per_checkpoint,
+                            running_mean=running_mean, log_keep=log_keep)
+    forget = alpha if log_keep is None else log_keep
+    return kernel_scan(plan, tuple(params0), tuple(momentum0), k, v, q, theta, eta, forget, reset,
                         tuple(reset_to))
 
 
@@ -226,7 +240,7 @@ def auto_choice(platform: str) -> str:
 
 def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
-              **pallas_options):
+              running_mean: bool = False, log_keep=None, **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs.
@@ -234,7 +248,9 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
-                           chunks_per_checkpoint=chunks_per_checkpoint, **pallas_options)
+                           chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
+                           log_keep=log_keep, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
-                        chunks_per_checkpoint=chunks_per_checkpoint)
+                        chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
+                        log_keep=log_keep)

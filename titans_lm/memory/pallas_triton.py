@@ -17,10 +17,10 @@ both inside one program. The price: parallelism is batch x heads (x column block
 memory), which a training batch provides.
 
 Inputs (one head; vmap adds leading axes): k, q [N, b, d_k], v [N, b, d_v] (input dtype); gate
-rows [N, 8, b] and columns [N, b, 8] (compute dtype: theta, eta, alpha, reset flag); the state at
-t = 0, its momentum and the reset target as tuples of arrays. Outputs: reads [N, b, d_v], the
-final state and momentum (compute dtype) and, when ``save_states``, the state at the start of every
-group [n_groups, ...] for the backward pass.
+rows [N, 8, b] and columns [N, b, 8] (compute dtype: theta, eta, log(1 - alpha), reset flag,
+read scale); the state at t = 0, its momentum and the reset target as tuples of arrays. Outputs:
+reads [N, b, d_v], the final state and momentum (compute dtype) and, when ``save_states``, the
+state at the start of every group [n_groups, ...] for the backward pass.
 """
 
 from __future__ import annotations

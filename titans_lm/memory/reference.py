@@ -6,8 +6,10 @@ current chunk. At token t (Titans eqs. 12-14, mini-batch size b = chunk_size):
     if t % b == 0:  (P, S) <- (reset_to, 0) when reset[t];  P_start <- P
     G   = jax.grad(||f(k_t; .) - v_t||^2)(P_start)          # gradient at the chunk start
     S   = eta_t S - theta_t G
-    P   = (1 - alpha_t) P + S
+    P   = (1 - alpha_t) P + S                               (or exp(log_keep_t) P + S)
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
+
+(see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads).
 
 The backward pass of this scan stores the carried weights at every token; it exists to be
 obviously correct, not fast.
@@ -22,26 +24,47 @@ from titans_lm.memory.inner_models import InnerModel
 
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
-                   chunk_size: int, read: str, reset_to):
-    """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs)."""
+                   chunk_size: int, read: str, reset_to, running_mean: bool = False,
+                   log_keep=None):
+    """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
+
+    Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
+    ``log_keep`` the decay factor is exp(log_keep_t) instead of 1 - alpha_t. With ``running_mean``
+    the scan also carries the gradient part (Pg, Sg) of the state since the chunk start (the same
+    recurrence from (0, 0); the state is linear in it) and reads token t (position j in its chunk)
+    through P + (b / (j + 1) - 1) Pg: the gradients so far weighted by 1 / (j + 1) instead of the
+    1 / b in theta (TTT's running mean).
+    """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(model.loss)
+    outer = model.outer_params()
+    keep_all = 1 - alpha if log_keep is None else jnp.exp(log_keep)
 
     def step(carry, x):
-        P, S, P_start = carry
-        t, k_t, v_t, q_t, theta_t, eta_t, alpha_t, reset_t = x
+        P, S, P_start, Pg, Sg = carry
+        t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t = x
         at_start = t % chunk_size == 0
         restart = at_start & reset_t
         P = tuple(jnp.where(restart, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(restart, z, s) for z, s in zip(zeros, S))
         P_start = tuple(jnp.where(at_start, p, p_s) for p, p_s in zip(P, P_start))
         G = grad_fn(P_start, k_t[None], v_t[None])
-        S = tuple(eta_t * s - theta_t * g for s, g in zip(S, G))
-        P = tuple((1 - alpha_t) * p + s for p, s in zip(P, S))
-        y = model.apply(P if read == "after_write" else P_start, q_t)
-        return (P, S, P_start), y
+        S = tuple(s if i in outer else eta_t * s - theta_t * g for i, (s, g) in enumerate(zip(S, G)))
+        P = tuple(p if i in outer else keep_t * p + s for i, (p, s) in enumerate(zip(P, S)))
+        if running_mean:
+            Pg = tuple(jnp.where(at_start, 0, p) for p in Pg)
+            Sg = tuple(jnp.where(at_start, 0, s) for s in Sg)
+            Sg = tuple(s if i in outer else eta_t * s - theta_t * g
+                       for i, (s, g) in enumerate(zip(Sg, G)))
+            Pg = tuple(p if i in outer else keep_t * p + s for i, (p, s) in enumerate(zip(Pg, Sg)))
+            scale = chunk_size / (t % chunk_size + 1).astype(theta_t.dtype)
+            P_read = tuple(p + (scale - 1) * g for p, g in zip(P, Pg))
+        else:
+            P_read = P
+        y = model.apply(P_read if read == "after_write" else P_start, q_t)
+        return (P, S, P_start, Pg, Sg), y
 
     P0, S0 = tuple(params0), tuple(momentum0)
-    xs = (jnp.arange(k.shape[0]), k, v, q, theta, eta, alpha, reset)
-    (P, S, _), reads = jax.lax.scan(step, (P0, S0, P0), xs)
+    xs = (jnp.arange(k.shape[0]), k, v, q, theta, eta, keep_all, reset)
+    (P, S, _, _, _), reads = jax.lax.scan(step, (P0, S0, P0, zeros, zeros), xs)
     return reads, (P, S)

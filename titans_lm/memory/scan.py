@@ -9,7 +9,9 @@ reads, the final state and every gradient. Adding one is one line in ``IMPLEMENT
        reset_to, **impl_options) -> (reads [T, d_v], (params_T, momentum_T))
 
 with validated inputs: tuples of arrays for the states, one floating dtype for everything, an
-:class:`~titans_lm.memory.inner_models.InnerModel` spec for ``model`` and a [T] bool ``reset``.
+:class:`~titans_lm.memory.inner_models.InnerModel` spec for ``model`` and a [T] bool ``reset``;
+``running_mean=True`` and ``log_keep`` (a [T] array) arrive as keyword arguments only when the
+caller sets them (built-in implementations take both; ``alpha`` is then still an array).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from titans_lm.memory.inner_models import InnerModel, resolve_model
 
@@ -68,9 +71,59 @@ def _check_same_structure(a, b, name_a, name_b):
                          f"{[tuple(x.shape) for x in a]} vs {[tuple(y.shape) for y in b]}")
 
 
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check_gates(theta, eta, alpha=None, log_keep=None) -> None:
+    """Raise ValueError for gates outside their ranges (concrete arrays only; any shape).
+
+    theta >= 0, 0 <= eta <= 1, 0 <= alpha <= 1, log_keep <= 0 (NaN fails every check). Arrays that
+    are tracers (under jax.jit, vmap or grad) are not checked: their values are unknown until the
+    computation runs. Out-of-range gates under jit are not clamped: they produce numbers that no
+    recurrence defines and that differ between implementations (the chunked and pallas segment
+    products take logs of the gates). The layer's gates are in range by construction
+    (:mod:`titans_lm.memory.gates`).
+    """
+    checks = (("theta", theta, lambda g: g >= 0, ">= 0 (an inner learning rate)"),
+              ("eta", eta, lambda g: (g >= 0) & (g <= 1), "in [0, 1] (a momentum decay)"),
+              ("alpha", alpha, lambda g: (g >= 0) & (g <= 1), "in [0, 1] (a forget gate)"),
+              ("log_keep", log_keep, lambda g: g <= 0, "<= 0 (log(1 - alpha))"))
+    for name, g, ok, want in checks:
+        if g is None or not _is_concrete(g):
+            continue
+        g = np.asarray(g)
+        bad = ~ok(g)
+        if bad.any():
+            first = np.unravel_index(int(np.argmax(bad)), g.shape)
+            raise ValueError(f"{name} must be {want} at every token; {name}{list(first)} = "
+                             f"{g[first]!r} ({int(bad.sum())} bad value(s)). Build the gates with "
+                             f"titans_lm.memory.gates or clip them before memory_scan")
+
+
+def check_resets(reset, chunk_size: int) -> None:
+    """Raise ValueError for a reset flag that is not at a chunk start (concrete arrays only).
+
+    ``reset`` has time on its last axis ([T] or [B, T]). The engine honours resets only at chunk
+    starts (t % chunk_size == 0): a document that starts elsewhere would silently continue the
+    previous document's memory. Under jax.jit (tracers) nothing is checked and such a flag is
+    ignored; configurations are checked up front instead
+    (:func:`titans_lm.memory.alignment.check_reset_alignment`).
+    """
+    if reset is None or not _is_concrete(reset):
+        return
+    r = np.asarray(reset).astype(bool)
+    off = r & (np.arange(r.shape[-1]) % chunk_size != 0)
+    if off.any():
+        where = np.argwhere(off)[0].tolist()
+        raise ValueError(f"reset at position {where[-1]} (index {where}) is not a chunk start "
+                         f"(chunk_size={chunk_size}): documents must start at multiples of the "
+                         f"chunk size; choose a chunk size that divides the document alignment")
+
+
 def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerModel | str,
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
-                reset_to=None, **impl_options):
+                reset_to=None, running_mean: bool = False, log_keep=None, **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -92,7 +145,9 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
       momentum0: tuple with the same shapes, the momentum S at t = 0 (zeros for a fresh memory).
       k: [T, d_k] keys; v: [T, d_v] values; q: [T, d_k] queries.
       theta: [T] inner learning rates (>= 0; theta = 0 writes nothing).
-      eta: [T] momentum decays; alpha: [T] forget gates.
+      eta: [T] momentum decays in [0, 1]; alpha: [T] forget gates in [0, 1] (None when
+        log_keep is given). Outside jit out-of-range gates raise ValueError; under jit they are
+        not checked (see :func:`check_gates`).
       model: an InnerModel spec, or "linear" / "mlp" (depth 2, SiLU, no biases).
       chunk_size: mini-batch size b >= 1 of the inner gradient descent. T need not be a multiple
         of it (the last chunk is partial) and may be smaller than it.
@@ -101,16 +156,25 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
       read: "after_write" or "chunk_start" (see above).
       reset: optional [T] bool. Before a chunk whose first token has reset=True the state returns
         to (reset_to, 0). Resets are honoured only at chunk starts (t % chunk_size == 0); a reset
-        elsewhere is ignored. The data pipeline starts every document at a multiple of 64, which
-        chunk sizes dividing 64 turn into chunk starts.
+        elsewhere raises ValueError outside jit and is ignored under jit (:func:`check_resets`).
+        The data pipeline starts every document at a multiple of ``data.doc_align``, and the
+        configs require chunk sizes dividing it (:mod:`titans_lm.memory.alignment`).
       reset_to: the parameters a reset restores (default: params0); same structure as params0.
+      running_mean: TTT's reads inside a mini-batch (Sun et al. 2024; ttt-lm-jax ``token_idx``):
+        the read at position j (0-based) of its chunk sees the gradient terms scaled by
+        b / (j + 1), i.e. with theta carrying 1/b, the mean of the j + 1 gradients so far; the
+        state after each chunk (and the read at its last position) is unchanged.
+      log_keep: optional [T] log(1 - alpha), the forget gate in log form (from the gate's
+        pre-activation a: log_sigmoid(-a)); when given it is used for every decay product and
+        its gradient, and alpha is ignored. Keeps the precision that 1 - alpha loses in float32
+        near alpha -> 0 and -> 1.
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)): the state after the last token, in the common
       floating dtype of the inputs (float32 or float64).
     Raises:
       ValueError: naming the first bad argument (shapes, ranks, chunk size, read mode, impl,
-        parameter layout).
+        parameter layout; outside jit also gate ranges and resets off chunk starts).
     """
     model = resolve_model(model)
     params0 = _as_params(params0, "params0")
@@ -119,6 +183,10 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     d_in, d_out = model.check_params(params0)
     _check_same_structure(params0, momentum0, "params0", "momentum0")
     _check_same_structure(params0, reset_to, "params0", "reset_to")
+    if alpha is None:
+        if log_keep is None:
+            raise ValueError("alpha may be None only when log_keep (log(1 - alpha)) is given")
+        alpha = -jnp.expm1(jnp.asarray(log_keep))
     k, v, q, theta, eta, alpha = (jnp.asarray(x) for x in (k, v, q, theta, eta, alpha))
     if k.ndim != 2 or v.ndim != 2 or q.ndim != 2:
         raise ValueError(f"k, v, q must be [T, d] (one head; vmap over batch and heads), got shapes "
@@ -131,8 +199,10 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                          f"{tuple(k.shape)} and {tuple(q.shape)}")
     if v.shape != (T, d_out):
         raise ValueError(f"v must be [T, d_v] = [{T}, {d_out}] for these parameters, got {tuple(v.shape)}")
-    for name, g in (("theta", theta), ("eta", eta), ("alpha", alpha)):
-        if g.shape != (T,):
+    if log_keep is not None:
+        log_keep = jnp.asarray(log_keep)
+    for name, g in (("theta", theta), ("eta", eta), ("alpha", alpha), ("log_keep", log_keep)):
+        if g is not None and g.shape != (T,):
             raise ValueError(f"{name} must be [T] = [{T}] (one gate per token), got {tuple(g.shape)}")
     if reset is None:
         reset = jnp.zeros((T,), bool)
@@ -145,6 +215,8 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if read not in READ_MODES:
         raise ValueError(f"read must be one of {READ_MODES}, got {read!r}")
+    check_gates(theta, eta, None if log_keep is not None else alpha, log_keep)
+    check_resets(reset, chunk_size)
     fn = get_implementation(impl)
 
     arrays = (k, v, q, theta, eta, alpha) + params0 + momentum0 + reset_to
@@ -153,6 +225,10 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         raise ValueError(f"inputs must be floating point, got common dtype {dtype}")
     cast = lambda xs: tuple(x.astype(dtype) for x in xs)  # noqa: E731
     k, v, q, theta, eta, alpha = cast((k, v, q, theta, eta, alpha))
+    if running_mean:   # passed only when used, so implementations without them keep working
+        impl_options["running_mean"] = True
+    if log_keep is not None:
+        impl_options["log_keep"] = log_keep.astype(dtype)
     return fn(cast(params0), cast(momentum0), k, v, q, theta, eta, alpha, reset, model=model,
               chunk_size=chunk_size, read=read, reset_to=cast(reset_to), **impl_options)
 

@@ -226,12 +226,15 @@ def titans_config(name: str, size: str, paper_shapes: dict, *,
 def ttt_engine_lr(paper_base_lr: float, chunk_size: int) -> float:
     """TTT's base inner learning rate in the engine's convention: ``paper_base_lr / (2 b)``.
 
-    TTT (Sun et al. 2024; ttt-lm-jax) takes the gradient of 0.5 ||f(k) - v||^2 (the engine:
-    ||f(k) - v||^2, twice as large) and scales row i of a mini-batch by 1/i (``token_idx``), so the
-    state after a mini-batch of b tokens moves by the mean of its b gradients where the engine sums
-    them. ``paper_base_lr / (2 b)`` reproduces TTT's state after every mini-batch exactly; reads
-    inside a mini-batch use 1/b where TTT uses 1/i (the engine's per-token theta cannot depend on
-    the reading row). Unscaled, the tiny TTT-Linear diverged (NaN) within 6 steps on the books
+    TTT (Sun et al. 2024; ttt-lm-jax ``get_eta``) uses eta[i, s] = base_lr * token_idx[i] *
+    sigmoid(x_s w + b) / head_dim with token_idx[i] = 1 / i (row i = 1..b of a mini-batch, the
+    reader; column s the writer) and takes the gradient of 0.5 ||f(k) - v||^2 (the engine:
+    ||f(k) - v||^2, twice as large). The state after a mini-batch uses row b (1/b): the mean of its
+    b gradients, where the engine sums theta_s G_s. ``paper_base_lr / (2 b)`` in theta reproduces
+    TTT's state after every mini-batch exactly, and the reads with the running-mean option
+    (``model.memory.read_running_mean``: row i scaled by b / i) reproduce TTT's reads; the TTT
+    configs set it. (ttt-lm-jax also adds a learnable offset to token_idx, zero-initialised;
+    not modelled here.) Unscaled, the tiny TTT-Linear diverged (NaN) within 6 steps on the books
     corpus (measured).
     """
     return paper_base_lr / (2 * chunk_size)
@@ -242,9 +245,12 @@ def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float
     """:func:`backbone_config` of a TTT backbone (Sun et al. 2024, arXiv:2407.04620).
 
     The TTT layer as the token mixer of Transformer++ blocks: residual + LayerNorm inner model
-    (``inner_model``: memory_depth, memory_expansion, memory_activation), learned W0 per head,
-    mini-batch 16, no momentum and no decay (eta = alpha = 0 exactly), TTT's learnable inner
-    learning rate ``ttt_base_lr * sigmoid(x w + b) / head_dim`` with ``paper_base_lr`` converted by
+    (``inner_model``: memory_depth, memory_expansion, memory_activation) with fast biases (b1, and
+    b2 for the MLP: ``memory_bias``) and the LN scale and shift as outer-loop parameters
+    (``memory_ln_fast = False``), learned W0 per head, mini-batch 16, reads inside a mini-batch as
+    the running mean of its gradients so far (``read_running_mean``: TTT's 1/i), no momentum and
+    no decay (eta = alpha = 0 exactly), TTT's learnable inner learning rate
+    ``ttt_base_lr * sigmoid(x w + b) / head_dim`` with ``paper_base_lr`` converted by
     :func:`ttt_engine_lr`, head_dim 64, no q/k normalisation; the paper's gate and short
     convolution off (``model.memory.use_output_gate``, ``model.memory.use_conv``). tiny = the tiny
     Transformer++ shape and run with 4 TTT heads of 64; paper sizes as :func:`backbone_config`.
@@ -253,7 +259,8 @@ def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float
       ValueError: for an unknown size or memory field.
     """
     chunk = 16
-    memory = memory_section(head_dim=64, memory_residual_ln=True, chunk_size=chunk,
+    memory = memory_section(head_dim=64, memory_residual_ln=True, memory_ln_fast=False,
+                            memory_bias=True, read_running_mean=True, chunk_size=chunk,
                             gate_style="ttt", ttt_base_lr=ttt_engine_lr(paper_base_lr, chunk),
                             use_momentum=False, use_decay=False, use_conv=False,
                             qk_l2_norm=False, use_output_gate=False, **inner_model)

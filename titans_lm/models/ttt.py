@@ -5,7 +5,9 @@ backbone", section 2.7).
 The TTT layer is the memory engine with the TTT settings of the config's ``memory`` section:
 
 - inner model f(x) = x + LN(g(x)) with g linear (TTT-Linear) or a 2-layer MLP with 4x expansion and
-  GELU (TTT-MLP); fitting f(k) to v is fitting LN(g(k)) to v - k (``memory_residual_ln``);
+  GELU (TTT-MLP), with fast biases (``memory_bias``); fitting f(k) to v is fitting LN(g(k)) to
+  v - k (``memory_residual_ln``); the LN scale and shift are outer-loop parameters, learned per
+  head with W0 and not updated by the inner loop (``memory_ln_fast = False``);
 - the initial fast weights W0 are learned, one set per head;
 - mini-batch gradient descent with mini-batch (chunk) size 16, no momentum and no decay
   (eta = alpha = 0 exactly: ``use_momentum = use_decay = False``);
@@ -13,14 +15,16 @@ The TTT layer is the memory engine with the TTT settings of the config's ``memor
   (``gate_style = "ttt"``; TTT's base_lr 1.0 for TTT-Linear and 0.1 for TTT-MLP, divided by
   2 b in the configs: TTT's loss has a factor 1/2 and its mini-batch step is the mean of the b
   gradients, the engine's the sum without 1/2);
-- the read f(q_t; W_t) after token t's own write (the dual form computes it exactly).
+- the read f(q_t; W_t) after token t's own write, where W_t inside a mini-batch takes the running
+  mean of the gradients so far (TTT's 1/i, ``read_running_mean``; the dual form computes it
+  exactly).
 
 Options: the paper's gate (``use_output_gate``: output * SiLU(x W_g), its Mamba-backbone variant)
 and causal short convolution on q, k, v (``use_conv``). Differences from the reference
 implementation: the layer's projections pass through SiLU (the memory layer's fixed choice) and
-start from a fan-in init (TTT: normal(0.02)), there is no RoPE inside the TTT layer, reads inside a
-mini-batch average the gradients so far with 1/b rather than TTT's 1/i (the states after each
-mini-batch are TTT's), and the output norm is an RMSNorm per head.
+start from a fan-in init (TTT: normal(0.02)), there is no RoPE inside the TTT layer, ttt-lm-jax's
+learnable offset of the 1/i read weights (zero at init) is not modelled, and the output norm is an
+RMSNorm per head.
 
 Registered names: ``ttt_linear`` (requires memory_depth 1) and ``ttt_mlp`` (memory_depth >= 2).
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS`` and ``memory`` (see
