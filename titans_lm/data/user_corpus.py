@@ -154,7 +154,7 @@ def read_corpus(corpus: str) -> list[tuple[str, list[Document]]]:
     return out
 
 
-def _names(field: str, value: str) -> list[str]:
+def _names(value: str) -> list[str]:
     return [n.strip() for n in str(value).split(",") if n.strip()]
 
 
@@ -172,8 +172,8 @@ def split_documents(files: list[tuple[str, list[Document]]], data_cfg: ml_collec
         an empty split.
     """
     corpus = data_cfg.corpus
-    val_names = _names("validation_files", data_cfg.get("validation_files", ""))
-    test_names = _names("test_files", data_cfg.get("test_files", ""))
+    val_names = _names(data_cfg.get("validation_files", ""))
+    test_names = _names(data_cfg.get("test_files", ""))
     out: dict[str, list[Document]] = {s: [] for s in SPLITS}
     if val_names or test_names:
         if not (val_names and test_names):
