@@ -45,3 +45,29 @@ def test_from_a_config_section_one_to_one():
 def test_bad_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         MemoryConfig(d_model=8, **{field: value})
+
+
+def test_defaults_are_in_the_stable_range():
+    """MemoryConfig's own defaults: the worst-case chunk write stays below 2 (1 + eta^b), and a
+    plain layer stays finite on a window of near-identical tokens (the former defaults,
+    theta_max 0.1 and eta_max 1.0, overflowed)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from titans_lm.memory import NeuralMemory
+    from titans_lm.memory.config import chunk_write_gain
+
+    cfg = MemoryConfig(d_model=32, n_heads=2, head_dim=16, memory_expansion=2.0)
+    assert (cfg.theta_max, cfg.eta_max) == (0.0005, 0.9)
+    assert cfg.write_gain() < 2 * (1 + cfg.eta_max ** cfg.chunk_size)
+    assert chunk_write_gain(0.5, 0.0, 1) == 1.0          # delta rule: 2 theta ||k||^2
+    assert chunk_write_gain(0.05, 0.88, 16) > 2 * (1 + 0.88 ** 16)
+    x = (jax.random.normal(jax.random.key(1), (1, 1, 32))
+         + 0.05 * jax.random.normal(jax.random.key(2), (1, 256, 32)))
+    outs = []
+    for kw in ({}, {"theta_max": 0.1, "eta_max": 1.0}):
+        with nnx.use_eager_sharding(False):
+            layer = NeuralMemory(dataclasses.replace(cfg, **kw), rngs=nnx.Rngs(0))
+        outs.append(bool(jnp.isfinite(layer(x)).all()))
+    assert outs == [True, False]

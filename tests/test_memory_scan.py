@@ -137,7 +137,8 @@ def test_reset_at_chunk_boundary_equals_separate_documents(impl):
         np.testing.assert_allclose(reads[16:], rb, atol=1e-13)
         for x, y in zip(P + S, Pb + Sb):
             np.testing.assert_allclose(x, y, atol=1e-13)
-        # A reset flag that is not at a chunk start is ignored (documented behaviour).
+        # Under jit a reset flag that is not at a chunk start is ignored (outside jit it raises:
+        # tests/test_memory_alignment.py).
         off = fn(a[0], a[1], *joined, reset=no_reset.at[13].set(True), reset_to=w0)[0]
         np.testing.assert_allclose(off, fn(a[0], a[1], *joined, reset=no_reset, reset_to=w0)[0], atol=0)
 
@@ -219,3 +220,28 @@ def test_bad_inputs_raise_clear_errors():
         memory_scan(p0, m0, k, v, q, th, et, al, model="mlp", chunk_size=2)
     with pytest.raises(ValueError, match="chunks_per_checkpoint"):
         call(*args, chunks_per_checkpoint=0)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked", "pallas"])
+def test_gates_out_of_range_raise_outside_jit(impl):
+    model = MODELS["linear"]
+    params0, momentum0, k, v, q, theta, eta, alpha = problem(model, 6)
+    call = functools.partial(memory_scan, params0, momentum0, k, v, q, model=model, chunk_size=4,
+                             impl=impl)
+    for args, match in [((theta.at[2].set(-0.1), eta, alpha), r"theta must be >= 0 .*theta\[2\]"),
+                        ((theta, eta.at[0].set(1.5), alpha), r"eta must be in \[0, 1\]"),
+                        ((theta, eta, alpha.at[5].set(-1e-3)), r"alpha must be in \[0, 1\]"),
+                        ((theta, eta, alpha.at[1].set(jnp.nan)), r"alpha must be in \[0, 1\]")]:
+        with pytest.raises(ValueError, match=match):
+            call(*args)
+    with pytest.raises(ValueError, match=r"log_keep must be <= 0"):
+        call(theta, eta, None, log_keep=jnp.full(6, 0.1))
+    with pytest.raises(ValueError, match="alpha may be None only when log_keep"):
+        call(theta, eta, None)
+    # Edges are in range: theta = 0, eta and alpha exactly 0 and 1, log_keep = -inf.
+    edge = call(theta.at[0].set(0.0), eta.at[1].set(1.0).at[2].set(0.0),
+                alpha.at[3].set(1.0).at[4].set(0.0))[0]
+    assert np.isfinite(np.asarray(edge)).all()
+    # Under jit the values are not checked (documented: the layer's gates are in range by
+    # construction).
+    jax.jit(lambda th: call(th, eta, alpha)[0])(theta.at[2].set(-0.1))

@@ -104,7 +104,7 @@ def test_make_memory_residual_init():
 def test_momentum_bound():
     """MemoryConfig.eta_max scales the layer's momentum gate and nothing else."""
     with jax.enable_x64(True):
-        free, bounded = _memory(), _memory(eta_max=0.9)  # same seed: the same parameters
+        free, bounded = _memory(eta_max=1.0), _memory(eta_max=0.9)  # same seed: same parameters
         x = jax.random.normal(jax.random.key(4), (1, 20, 32), jnp.float64)
         ids = jnp.ones((1, 20), jnp.int32)
         a, b = free.project(x, ids), bounded.project(x, ids)

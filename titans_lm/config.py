@@ -100,3 +100,5 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         need(v == -1 or v >= 1, f"mesh.{ax}", f"must be -1 or >= 1, got {v}")
     need(cfg.eval.batch_size > 0, "eval.batch_size", "must be positive")
     need("name" in cfg.model, "model.name", "missing: the config file must set model.name")
+    from titans_lm.memory.alignment import check_config_alignment  # a reset must start a chunk
+    check_config_alignment(cfg)

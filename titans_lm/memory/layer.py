@@ -5,7 +5,8 @@ Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; DESIGN.md sec.
     q, k, v = x W_Q, x W_K, x W_V                      [D] -> [H, head_dim]
     (optional) causal depthwise conv (kernel 4, restarting at document starts), then SiLU
     q, k <- q / ||q||, k / ||k||                        (qk_l2_norm)
-    theta, eta, alpha = gates(x)                         (see titans_lm.memory.gates)
+    theta, eta, alpha = gates(x)                         (see titans_lm.memory.gates; the forget
+                                                          gate also as log(1 - alpha) = log_sigmoid(-a))
     reads = memory_scan(W0_h, 0, k, v, q, theta, eta, alpha)   (titans_lm.memory.scan)
     y = (RMSNorm(reads) * SiLU(x W_g)) W_O               [H, head_dim] -> [D]
 
@@ -32,7 +33,7 @@ from flax import nnx
 from titans_lm.memory import gates as gate_fns
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.documents import document_starts
-from titans_lm.memory.scan import memory_read, memory_scan
+from titans_lm.memory.scan import check_resets, memory_read, memory_scan
 from titans_lm.nn.conv import causal_depthwise_conv
 
 State = tuple  # (params: tuple[[B, H, ...]], momentum: tuple[[B, H, ...]])
@@ -42,7 +43,9 @@ class MemoryInputs(NamedTuple):
     """What :meth:`NeuralMemory.project` returns (inner-loop dtype: float32, or float64).
 
     q, k: [B, H, T, Dh] queries and keys; v: [B, H, T, Dh] values;
-    theta, eta, alpha: [B, H, T] gates; reset: bool [B, T] document starts.
+    theta, eta, alpha: [B, H, T] gates; reset: bool [B, T] document starts;
+    log_keep: [B, H, T] log(1 - alpha) from the gate's pre-activation (log_sigmoid), the forget
+    gate as the engine uses it (None: the engine forms 1 - alpha).
     """
 
     q: jax.Array
@@ -52,6 +55,7 @@ class MemoryInputs(NamedTuple):
     eta: jax.Array
     alpha: jax.Array
     reset: jax.Array
+    log_keep: Optional[jax.Array] = None
 
 
 def _param(rngs, init, shape, axes, dtype):
@@ -193,14 +197,20 @@ class NeuralMemory(nnx.Module):
         zeros = jnp.zeros_like(theta)
         eta = (gate_fns.titans_eta(pre(self.eta_w, self.eta_b), cfg.eta_max) if cfg.use_momentum
                else zeros)
-        alpha = jax.nn.sigmoid(pre(self.alpha_w, self.alpha_b)) if cfg.use_decay else zeros
+        if cfg.use_decay:
+            a_alpha = pre(self.alpha_w, self.alpha_b)
+            alpha = jax.nn.sigmoid(a_alpha)
+            log_keep = jax.nn.log_sigmoid(-a_alpha)   # log(1 - alpha), exact near 0 and 1
+        else:
+            alpha = log_keep = zeros
         real = (segment_ids_BT != 0)[:, :, None]
-        theta, eta, alpha = (jnp.where(real, g, 0) for g in (theta, eta, alpha))
+        theta, eta, alpha, log_keep = (jnp.where(real, g, 0) for g in (theta, eta, alpha, log_keep))
 
         to_bhtd = lambda y: jnp.transpose(y, (0, 2, 1, 3))  # noqa: E731
         to_bht = lambda g: jnp.transpose(g, (0, 2, 1))  # noqa: E731
         return MemoryInputs(q=to_bhtd(q), k=to_bhtd(k), v=to_bhtd(v), theta=to_bht(theta),
-                            eta=to_bht(eta), alpha=to_bht(alpha), reset=reset)
+                            eta=to_bht(eta), alpha=to_bht(alpha), reset=reset,
+                            log_keep=to_bht(log_keep))
 
     def initial_params(self) -> tuple:
         """The learned per-head initial memory parameters W0: tuple of [H, ...] (inner dtype)."""
@@ -220,7 +230,7 @@ class NeuralMemory(nnx.Module):
                 tuple(sel(reset_B, i, m) for i, m in zip(init_momentum, momentum)))
 
     def scan(self, state: State, q, k, v, theta, eta, alpha, reset=None, *,
-             read: Optional[str] = None, reset_to: Optional[tuple] = None):
+             read: Optional[str] = None, reset_to: Optional[tuple] = None, log_keep=None):
         """Write every token into the memory and read every query (vmapped engine).
 
         Args:
@@ -229,14 +239,18 @@ class NeuralMemory(nnx.Module):
           read: "after_write" | "chunk_start"; None uses cfg.read.
           reset_to: parameters with leading [B, H] that a reset (at a chunk start) restores,
             with zero momentum; None restores the learned W0 (not the given state).
+          log_keep: [B, H, T] log(1 - alpha) (MemoryInputs.log_keep), used instead of alpha.
         Returns:
           (reads [B, H, T, Dh], final state) in the inner dtype.
+        Raises:
+          ValueError: outside jit, for a reset that is not at a chunk start.
         """
         cfg = self.cfg
         params, momentum = state
         B, _, T, _ = q.shape
         if reset is None:
             reset = jnp.zeros((B, T), bool)
+        check_resets(reset, cfg.chunk_size)
         if reset_to is None:
             reset_to = self.initial_state(B)[0]
         options = {"chunks_per_checkpoint": cfg.chunks_per_checkpoint} if cfg.impl == "chunked" else {}
@@ -245,16 +259,18 @@ class NeuralMemory(nnx.Module):
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
-        def one(p, m, k_, v_, q_, th, et, al, rs, p0):
-            return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0)
+        def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk):
+            kw = {} if lk is None else {"log_keep": lk}
+            return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0, **kw)
 
-        over_heads = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0))
+        over_heads = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0, 0))
         over_batch = jax.vmap(over_heads)
         idt = self.inner_dtype
         cast = lambda xs: tuple(x.astype(idt) for x in xs)  # noqa: E731
+        lk = None if log_keep is None else log_keep.astype(idt)
         reads, (P, S) = over_batch(cast(params), cast(momentum), k.astype(idt), v.astype(idt),
                                    q.astype(idt), theta.astype(idt), eta.astype(idt),
-                                   alpha.astype(idt), reset, cast(reset_to))
+                                   alpha.astype(idt), reset, cast(reset_to), lk)
         return reads, (P, S)
 
     def read(self, state: State, q_BHTD: jax.Array) -> jax.Array:
@@ -279,7 +295,8 @@ class NeuralMemory(nnx.Module):
         """y_BTD = output(scan(initial_state, project(x)), x): [B, T, D] -> [B, T, D]."""
         inputs = self.project(x_BTD, segment_ids_BT)
         reads, _ = self.scan(self.initial_state(x_BTD.shape[0]), inputs.q, inputs.k, inputs.v,
-                             inputs.theta, inputs.eta, inputs.alpha, inputs.reset)
+                             inputs.theta, inputs.eta, inputs.alpha, inputs.reset,
+                             log_keep=inputs.log_keep)
         return self.output(reads, x_BTD)
 
     # ----------------------------------------------------------------------------- helpers

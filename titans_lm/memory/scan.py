@@ -95,9 +95,9 @@ def check_gates(theta, eta, alpha=None, log_keep=None) -> None:
         g = np.asarray(g)
         bad = ~ok(g)
         if bad.any():
-            first = np.unravel_index(int(np.argmax(bad)), g.shape)
+            first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), g.shape))
             raise ValueError(f"{name} must be {want} at every token; {name}{list(first)} = "
-                             f"{g[first]!r} ({int(bad.sum())} bad value(s)). Build the gates with "
+                             f"{float(g[first])} ({int(bad.sum())} bad value(s)). Build the gates with "
                              f"titans_lm.memory.gates or clip them before memory_scan")
 
 

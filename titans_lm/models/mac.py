@@ -139,8 +139,10 @@ class MACMixer(nnx.Module):
             w = mem.project(y_ext, ids_ext)
             w = MemoryInputs(q=w.q[:, :, n_tail:], k=w.k[:, :, n_tail:], v=w.v[:, :, n_tail:],
                              theta=w.theta[:, :, n_tail:], eta=w.eta[:, :, n_tail:],
-                             alpha=w.alpha[:, :, n_tail:], reset=reset_n)
-            reads, new_state = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, w.reset)
+                             alpha=w.alpha[:, :, n_tail:], reset=reset_n,
+                             log_keep=w.log_keep[:, :, n_tail:])
+            reads, new_state = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, w.reset,
+                                        log_keep=w.log_keep)
             o = self.combine(y, mem.output(reads, y))
             keep = y_ext.shape[1] - n_tail
             new_carry = (new_state, y_ext[:, keep:], ids_ext[:, keep:])

@@ -105,7 +105,9 @@ def _time_slice(inputs: MemoryInputs, start: int, stop: int) -> MemoryInputs:
     return MemoryInputs(q=inputs.q[:, :, start:stop], k=inputs.k[:, :, start:stop],
                         v=inputs.v[:, :, start:stop], theta=inputs.theta[:, :, start:stop],
                         eta=inputs.eta[:, :, start:stop], alpha=inputs.alpha[:, :, start:stop],
-                        reset=inputs.reset[:, start:stop])
+                        reset=inputs.reset[:, start:stop],
+                        log_keep=(None if inputs.log_keep is None
+                                  else inputs.log_keep[:, :, start:stop]))
 
 
 def prefixed_memory(memory: NeuralMemory, x_BSD: jax.Array, segment_ids_BS: jax.Array,
@@ -130,14 +132,14 @@ def prefixed_memory(memory: NeuralMemory, x_BSD: jax.Array, segment_ids_BS: jax.
     state0 = memory.initial_state(x_BSD.shape[0])
     if n_prefix == 0:
         reads, _ = memory.scan(state0, inputs.q, inputs.k, inputs.v, inputs.theta, inputs.eta,
-                               inputs.alpha, inputs.reset)
+                               inputs.alpha, inputs.reset, log_keep=inputs.log_keep)
         return memory.output(reads, x_BSD)
     pre = _time_slice(inputs, 0, n_prefix)
     rest = _time_slice(inputs, n_prefix, x_BSD.shape[1])
     reads_p, state_p = memory.scan(state0, pre.q, pre.k, pre.v, pre.theta, pre.eta, pre.alpha,
-                                   pre.reset)
+                                   pre.reset, log_keep=pre.log_keep)
     reads_x, _ = memory.scan(state_p, rest.q, rest.k, rest.v, rest.theta, rest.eta, rest.alpha,
-                             rest.reset, reset_to=state_p[0])  # documents restart from the prefix's state
+                             rest.reset, reset_to=state_p[0], log_keep=rest.log_keep)  # documents restart from the prefix's state
     return memory.output(jnp.concatenate([reads_p, reads_x], axis=2), x_BSD)
 
 
