@@ -9,6 +9,9 @@ current chunk. At token t (Titans eqs. 12-14, mini-batch size b = chunk_size):
     P   = (1 - alpha_t) P + S
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
 
+With ``state_length`` L the scan also carries the state after token L - 1 (the initial state for
+L = 0), which it returns instead of the final one; the reads are those of all T tokens.
+
 The backward pass of this scan stores the carried weights at every token; it exists to be
 obviously correct, not fast.
 """
@@ -22,13 +25,16 @@ from titans_lm.memory.inner_models import InnerModel
 
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
-                   chunk_size: int, read: str, reset_to):
-    """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs)."""
+                   chunk_size: int, read: str, reset_to, state_length=None):
+    """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs;
+    ``state_length`` None or an int32 scalar in 0..T, possibly traced)."""
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(model.loss)
+    T = k.shape[0]
+    keep_until = T if state_length is None else state_length
 
     def step(carry, x):
-        P, S, P_start = carry
+        (P, S, P_start), (P_keep, S_keep) = carry
         t, k_t, v_t, q_t, theta_t, eta_t, alpha_t, reset_t = x
         at_start = t % chunk_size == 0
         restart = at_start & reset_t
@@ -39,9 +45,12 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         S = tuple(eta_t * s - theta_t * g for s, g in zip(S, G))
         P = tuple((1 - alpha_t) * p + s for p, s in zip(P, S))
         y = model.apply(P if read == "after_write" else P_start, q_t)
-        return (P, S, P_start), y
+        kept = t < keep_until
+        P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P, P_keep))
+        S_keep = tuple(jnp.where(kept, s, s_k) for s, s_k in zip(S, S_keep))
+        return ((P, S, P_start), (P_keep, S_keep)), y
 
     P0, S0 = tuple(params0), tuple(momentum0)
-    xs = (jnp.arange(k.shape[0]), k, v, q, theta, eta, alpha, reset)
-    (P, S, _), reads = jax.lax.scan(step, (P0, S0, P0), xs)
-    return reads, (P, S)
+    xs = (jnp.arange(T), k, v, q, theta, eta, alpha, reset)
+    ((P, S, _), kept), reads = jax.lax.scan(step, ((P0, S0, P0), (P0, S0)), xs)
+    return reads, ((P, S) if state_length is None else kept)

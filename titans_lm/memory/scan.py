@@ -6,10 +6,12 @@ reads, the final state and every gradient. Adding one is one line in ``IMPLEMENT
 :func:`register_implementation`. An implementation is called as
 
     fn(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model, chunk_size, read,
-       reset_to, **impl_options) -> (reads [T, d_v], (params_T, momentum_T))
+       reset_to, [state_length,] **impl_options) -> (reads [T, d_v], (params_L, momentum_L))
 
 with validated inputs: tuples of arrays for the states, one floating dtype for everything, an
 :class:`~titans_lm.memory.inner_models.InnerModel` spec for ``model`` and a [T] bool ``reset``.
+``state_length`` (an int32 scalar, possibly traced) is passed only when the caller gives one; an
+implementation that supports it returns the state after that many tokens.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def _check_same_structure(a, b, name_a, name_b):
 
 def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerModel | str,
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
-                reset_to=None, **impl_options):
+                reset_to=None, state_length=None, **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -104,10 +106,18 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         elsewhere is ignored. The data pipeline starts every document at a multiple of 64, which
         chunk sizes dividing 64 turn into chunk starts.
       reset_to: the parameters a reset restores (default: params0); same structure as params0.
+      state_length: None, or the number L of leading tokens whose state is returned: an int in
+        0..T, or an integer scalar that may be traced (values outside 0..T are clipped). The
+        reads are still those of all T tokens (causal); the returned state is the one after token
+        L - 1 (before any reset of token L), (params0, momentum0) for L = 0. A carried memory
+        uses it to return the state at the start of the chunk that a call ends inside.
+        Supported by "reference" and "chunked"; "pallas" (and "auto" on GPU/TPU) run "chunked"
+        when it is given.
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
     Returns:
-      (reads [T, d_v], (params_T, momentum_T)): the state after the last token, in the common
-      floating dtype of the inputs (float32 or float64).
+      (reads [T, d_v], (params_L, momentum_L)): the state after the last token (after the first
+      ``state_length`` tokens when given), in the common floating dtype of the inputs (float32
+      or float64).
     Raises:
       ValueError: naming the first bad argument (shapes, ranks, chunk size, read mode, impl,
         parameter layout).
@@ -145,6 +155,18 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if read not in READ_MODES:
         raise ValueError(f"read must be one of {READ_MODES}, got {read!r}")
+    if state_length is not None:
+        if isinstance(state_length, bool):
+            raise ValueError(f"state_length must be an integer, got {state_length!r}")
+        if isinstance(state_length, int):
+            if not 0 <= state_length <= T:
+                raise ValueError(f"state_length must be in 0..T = 0..{T}, got {state_length}")
+        elif jnp.ndim(state_length) != 0 or not jnp.issubdtype(jnp.result_type(state_length),
+                                                                jnp.integer):
+            raise ValueError(f"state_length must be an integer scalar, got "
+                             f"{getattr(state_length, 'dtype', type(state_length))} of shape "
+                             f"{jnp.shape(state_length)}")
+        impl_options["state_length"] = state_length
     fn = get_implementation(impl)
 
     arrays = (k, v, q, theta, eta, alpha) + params0 + momentum0 + reset_to
