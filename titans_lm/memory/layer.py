@@ -209,7 +209,7 @@ class NeuralMemory(nnx.Module):
         return jnp.promote_types(jnp.float32, self.compute_dtype)
 
     # ----------------------------------------------------------------------------- pieces
-    def project(self, x_BTD: jax.Array, stream, conv_tail: tuple = ()
+    def project(self, x_BTD: jax.Array, stream, conv_tail: tuple = (), *, tail_at=None
                 ) -> tuple[MemoryInputs, tuple]:
         """Queries, keys, values, gates and document resets for every head.
 
@@ -219,16 +219,18 @@ class NeuralMemory(nnx.Module):
             ``titans_lm.nn.stream.make_stream``), for tokens whose chunk grid starts at token 0.
           conv_tail: the carried pre-conv projections (``MemoryState.conv_tail``), or () for a
             stream that starts here.
+          tail_at: None, or a token index in 0..T (may be traced): the returned conv tail is the
+            one before that token instead of after the call (``nn.conv.carried_causal_conv``).
         Returns:
           (MemoryInputs with q, k, v [B, H, T, Dh], theta, eta, alpha [B, H, T] (padding masked,
           per-chunk gates applied), reset bool [B, T]; the new conv tail).
         Raises:
           ValueError: for a wrong input width or stream shape.
         """
-        tokens, tail = self._tokens(x_BTD, stream, conv_tail)
+        tokens, tail = self._tokens(x_BTD, stream, conv_tail, tail_at)
         return self._finish(tokens), tail
 
-    def _tokens(self, x_BTD, stream, conv_tail=()) -> tuple[_Tokens, tuple]:
+    def _tokens(self, x_BTD, stream, conv_tail=(), tail_at=None) -> tuple[_Tokens, tuple]:
         cfg = self.cfg
         B, T, D = self._check_input(x_BTD)
         if tuple(stream.segment_ids.shape) != (B, T):
@@ -242,7 +244,8 @@ class NeuralMemory(nnx.Module):
         def qkv(w, conv, tail):
             y = jnp.einsum("btd,dhk->bthk", xc, w[...].astype(cdt))
             if cfg.use_conv:
-                y, new_tail = carried_causal_conv(y, conv[...].astype(y.dtype), stream.positions, tail)
+                y, new_tail = carried_causal_conv(y, conv[...].astype(y.dtype), stream.positions,
+                                                  tail, tail_at)
                 new_tails.append(new_tail)
             return jax.nn.silu(y).astype(idt)
 

@@ -40,7 +40,8 @@ def causal_depthwise_conv(x_BTC: jax.Array, w_KC: jax.Array, segment_ids_BT: jax
 
 
 def carried_causal_conv(x_BTC: jax.Array, w_KC: jax.Array, positions_BT: jax.Array,
-                        tail_BKC: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                        tail_BKC: jax.Array | None = None, tail_at=None
+                        ) -> tuple[jax.Array, jax.Array]:
     """The convolution of a call that continues a stream, with the carried tail of inputs.
 
         y_t = sum_i w[i] * z_{t-i} * [positions_t >= i],   z = [tail || x]
@@ -55,9 +56,11 @@ def carried_causal_conv(x_BTC: jax.Array, w_KC: jax.Array, positions_BT: jax.Arr
       positions_BT: int [B, T] within-run positions.
       tail_BKC: [B, K - 1, *C] the inputs of the previous K - 1 tokens of the stream (oldest
         first), or None for a stream that starts here (zeros; masked anyway).
+      tail_at: None, or an int in 0..T (may be traced): return the tail before token tail_at
+        instead of the tail after the call (a caller that re-runs the call's end later).
     Returns:
-      (y [B, T, *C] in the promoted dtype of x and w, new tail [B, K - 1, *C]: the last K - 1
-      inputs of [tail || x], in x's dtype).
+      (y [B, T, *C] in the promoted dtype of x and w, new tail [B, K - 1, *C]: the K - 1 inputs
+      of [tail || x] before token ``tail_at`` (default: the last K - 1), in x's dtype).
     Raises:
       ValueError: on mismatched shapes.
     """
@@ -77,7 +80,9 @@ def carried_causal_conv(x_BTC: jax.Array, w_KC: jax.Array, positions_BT: jax.Arr
     y = x_BTC * w_KC[0]
     for i in range(1, K):
         y = y + jnp.where(pos >= i, z[:, n_tail - i: n_tail - i + T], 0) * w_KC[i]
-    return y, z[:, T:]
+    if tail_at is None:
+        return y, z[:, T:]
+    return y, jax.lax.dynamic_slice_in_dim(z, tail_at, n_tail, axis=1)
 
 
 class ShortConv(nnx.Module):
