@@ -69,17 +69,27 @@ def max_diff(a, b):
     return float(jnp.max(jnp.abs(a - b)))
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_two_calls_equal_one_call_for_every_split(name):
+def check_splits(name, splits):
     with jax.enable_x64(True):
         x = x_input()
         whole, end = run(name, x, SEG, [0, T])
-        splits = range(1, T) if name == "titans_mlp" else (1, 3, 4, 6, 9, 12, 13)
         for s in splits:
             y, state = run(name, x, SEG, [0, s, T])
             assert max_diff(y, whole) < 1e-12, f"split {s}: {max_diff(y, whole):.2e}"
             for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(end)):
                 np.testing.assert_allclose(got, want, atol=1e-12, err_msg=f"split {s}")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_two_calls_equal_one_call(name):
+    """Splits inside a chunk and at a chunk start (each call compiles once per length, so the
+    full range is the slow test below; one token per call covers every chunk phase)."""
+    check_splits(name, (3, 8) if name == "titans_mlp" else (5,))
+
+
+@pytest.mark.slow
+def test_two_calls_equal_one_call_for_every_split():
+    check_splits("titans_mlp", range(1, T))
 
 
 @pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates"])
@@ -122,7 +132,7 @@ def test_outputs_are_causal_across_calls():
         assert max_diff(y[:, 9:], y2[:, 9:]) > 1e-3
 
 
-@pytest.mark.parametrize("n_prefix", [3, 4, 6])
+@pytest.mark.parametrize("n_prefix", [3, 4])
 def test_a_persistent_pass_sets_the_state_documents_start_from(n_prefix):
     """Persistent tokens first (their own call, as LanguageModel.init_state runs them), then the
     real tokens on a chunk grid of their own, every document restarting from the prefix's state:
@@ -141,22 +151,29 @@ def test_a_persistent_pass_sets_the_state_documents_start_from(n_prefix):
         y_split, _ = run(name, x, SEG, [0, 5, 7, T], stream_state=stream_state, state=state)
         assert max_diff(y_split, y) < 1e-12
         # By hand.
-        sp, _ = make_stream(jnp.asarray(seg_p), fresh_stream_state(B), fresh=True)
-        ins_p, _ = layer.project(p, sp)
-        s0 = layer.initial_state(B)
-        reads_p, state_p = layer.scan(s0, ins_p.q, ins_p.k, ins_p.v, ins_p.theta, ins_p.eta,
-                                      ins_p.alpha, ins_p.reset)
-        sx, _ = make_stream(jnp.asarray(SEG), stream_state, fresh=True)
-        ins, _ = layer.project(x, sx)
-        assert bool(jnp.all(ins.reset[:, 0]))
-        reads, _ = layer.scan(state_p, ins.q, ins.k, ins.v, ins.theta, ins.eta, ins.alpha,
-                              ins.reset, reset_to=state_p[0])
+        reads_p, reads, reads_w0 = _by_hand(layer, p, x, jnp.asarray(seg_p), stream_state)
         assert max_diff(y_p, layer.output(reads_p, p)) < 1e-12
         assert max_diff(y, layer.output(reads, x)) < 1e-12
         # Documents restart from the prefix state, not from W0.
-        reads_w0, _ = layer.scan(state_p, ins.q, ins.k, ins.v, ins.theta, ins.eta, ins.alpha,
-                                 ins.reset)
         assert max_diff(reads, reads_w0) > 1e-3
+
+
+@nnx.jit
+def _by_hand(layer, p, x, seg_p, stream_state):
+    """The prefix scanned from W0, then the tokens from its state (reset target: that state),
+    and for contrast with the reset target W0."""
+    B = p.shape[0]
+    sp, _ = make_stream(seg_p, fresh_stream_state(B), fresh=True)
+    ins_p, _ = layer.project(p, sp)
+    reads_p, state_p = layer.scan(layer.initial_state(B), ins_p.q, ins_p.k, ins_p.v, ins_p.theta,
+                                  ins_p.eta, ins_p.alpha, ins_p.reset)
+    sx, _ = make_stream(jnp.asarray(SEG), stream_state, fresh=True)
+    ins, _ = layer.project(x, sx)
+    reads, _ = layer.scan(state_p, ins.q, ins.k, ins.v, ins.theta, ins.eta, ins.alpha,
+                          ins.reset, reset_to=state_p[0])
+    reads_w0, _ = layer.scan(state_p, ins.q, ins.k, ins.v, ins.theta, ins.eta, ins.alpha,
+                             ins.reset)
+    return reads_p, reads, reads_w0
 
 
 def test_gradients_of_split_calls_equal_those_of_one_call():
@@ -176,8 +193,7 @@ def test_gradients_of_split_calls_equal_those_of_one_call():
             return total
 
         g1 = jax.jit(jax.grad(lambda p: loss(p, [0, T])), compiler_options=FAST_COMPILE)(params)
-        g2 = jax.jit(jax.grad(lambda p: loss(p, [0, 5, 6, T])),
-                     compiler_options=FAST_COMPILE)(params)
+        g2 = jax.jit(jax.grad(lambda p: loss(p, [0, 5, T])), compiler_options=FAST_COMPILE)(params)
         for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
             scale = max(1.0, float(jnp.max(jnp.abs(a))))
             assert float(jnp.max(jnp.abs(a - b))) < 1e-10 * scale

@@ -22,8 +22,16 @@ Documents: the memory state resets to (W0, 0) at every document start (the data 
 documents at multiples of 64; chunk sizes that divide 64 make them chunk starts, and
 ``segment_len`` must be a multiple of the chunk size). A token whose document started inside the
 current segment retrieves from W0, not from the state of the previous document. The short
-convolution on the write's keys/values carries the last ``conv_kernel - 1`` attention outputs across
-segment boundaries, restarting at document starts, so segments do not change it.
+convolution on the write's queries/keys/values carries the projections of the last
+``conv_kernel - 1`` attention outputs across segment boundaries, restarting at document starts, so
+segments do not change it.
+
+Carried state (the mixer protocol, ``MACMixer.init_state`` / ``mixer(x, stream, state)``): the
+memory state at the current segment's start, the current segment's mixer inputs so far and the
+conv tails before it. A call runs [current segment so far || call] again from that state, so a
+stream cut anywhere (inside a chunk, inside a segment) gives exactly the outputs of one call, and a
+decode step costs one segment's work, constant in the context. MAC's persistent tokens are
+parameters of its attention and need no state.
 
 Layers listed by ``memory_layers`` ("all" by default) are MAC layers; the others run the same
 segment attention over [persistent || segment] without a memory.
