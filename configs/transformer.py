@@ -42,6 +42,9 @@ def get_config(size: str = "tiny"):
     m = c.model
     set_shell(m, "transformer", size)
     m.window = 0  # 0: full causal attention; > 0: sliding window of this many tokens
+    # Full attention's KV cache for a carried state (streaming eval, generation): the most tokens a
+    # query sees. 0: unbounded within one call, no carried state (the eval sets data.seq_len).
+    m.max_context = 0
     if size == "tiny":
         m.d_model, m.n_layers, m.n_heads, m.d_ff = 256, 4, 4, 688
         set_tiny_run(c)

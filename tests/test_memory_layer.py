@@ -12,6 +12,7 @@ from flax import nnx
 from titans_lm.memory import memory_read
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
+from titans_lm.nn.stream import fresh_stream_state, make_stream
 
 AXIS_NAMES = {"vocab", "embed", "mlp", "heads", "head_dim", "memory", None}
 
@@ -24,8 +25,7 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0}
 def _make(items):
     base = dict(d_model=12, n_heads=2, head_dim=4, chunk_size=4, memory_expansion=2.0)
     base.update(dict(items))
-    with nnx.use_eager_sharding(False):
-        return NeuralMemory(MemoryConfig(**base), rngs=nnx.Rngs(0))
+    return NeuralMemory(MemoryConfig(**base), rngs=nnx.Rngs(0))
 
 
 def make(**kw):
@@ -43,10 +43,27 @@ def x_like(layer, B, T, seed=1):
     return jax.random.normal(jax.random.key(seed), (B, T, layer.cfg.d_model), dt)
 
 
+def fresh_stream(seg):
+    """The Stream of a window that starts a stream (one call, as in training)."""
+    return make_stream(seg, fresh_stream_state(seg.shape[0]), fresh=True)[0]
+
+
+def call(layer, x, seg):
+    """The training path: one call from a fresh state, the new state dropped."""
+    return layer(x, fresh_stream(seg), layer.init_state(x.shape[0]))[0]
+
+
+def project(layer, x, seg):
+    return layer.project(x, fresh_stream(seg))[0]
+
+
+METHODS = {"__call__": call, "project": project}
+
+
 @functools.cache
 def _jitted(layer, method):
     graphdef, state = nnx.split(layer)
-    fn = jax.jit(lambda st, x, seg: getattr(nnx.merge(graphdef, st), method)(x, seg),
+    fn = jax.jit(lambda st, x, seg: METHODS[method](nnx.merge(graphdef, st), x, seg),
                  compiler_options=FAST_COMPILE)
     return functools.partial(fn, state)
 
@@ -66,9 +83,9 @@ def test_shapes_dtypes_and_bfloat16():
     assert y16.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(y16, np.float32), y, atol=0.1)
     with pytest.raises(ValueError, match="x_BTD must be"):
-        layer(x[..., :5])
-    with pytest.raises(ValueError, match="segment_ids_BT must be"):
-        layer(x, jnp.ones((2, 9), jnp.int32))
+        call(layer, x[..., :5], jnp.ones((2, 10), jnp.int32))
+    with pytest.raises(ValueError, match="the stream is for calls of shape"):
+        call(layer, x, jnp.ones((2, 9), jnp.int32))
 
 
 def test_parameters_carry_logical_axis_names():
@@ -152,7 +169,7 @@ def test_meta_gradients_through_projection_parameters_match_finite_differences()
         x = x_like(layer, 1, 10)
         seg = jnp.array([[1] * 8 + [2] * 2])
         weights = jax.random.normal(jax.random.key(7), (1, 10, 12), jnp.float64)
-        loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x, seg) * weights)  # noqa: E731
+        loss = lambda p: jnp.sum(call(nnx.merge(graphdef, p, rest), x, seg) * weights)  # noqa: E731
         f = jax.jit(loss, compiler_options=FAST_COMPILE)
         grads = jax.jit(jax.grad(loss), compiler_options=FAST_COMPILE)(params)
         rng = np.random.default_rng(0)
@@ -181,8 +198,8 @@ def _lower_level_pieces(layer, x, seg):
 
     def pieces(st, x, seg):
         m = nnx.merge(graphdef, st)
-        out = {"call": m(x, seg)}
-        inp = m.project(x, seg)
+        out = {"call": call(m, x, seg)}
+        inp = project(m, x, seg)
         state = m.initial_state(x.shape[0])
         reads, final = m.scan(state, *inp)
         out.update(inputs=inp, state=state, reads=reads, final=final, composed=m.output(reads, x))

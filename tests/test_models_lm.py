@@ -7,11 +7,24 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from titans_lm.models.lm import LanguageModel, count_params
+from titans_lm.models.lm import LanguageModel, LMState, count_params
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.conv import ShortConv
 
 D, V = 16, 32
+
+
+class _ConvMixer(nnx.Module):
+    """A document-resetting short conv as a token mixer of one fresh call (no carried state)."""
+
+    def __init__(self, rngs):
+        self.conv = ShortConv(D, kernel_size=3, rngs=rngs)
+
+    def init_state(self, batch_size):
+        return ()
+
+    def __call__(self, x, stream, state):
+        return self.conv(x, stream.segment_ids), state
 
 
 def _lm(make_mixer, **kw):
@@ -27,7 +40,7 @@ def _jit(m):
 
 
 def test_conv_mixer_lm_is_causal_and_document_local():
-    m = _lm(lambda i, rngs: ShortConv(D, kernel_size=3, rngs=rngs))
+    m = _lm(lambda i, rngs: _ConvMixer(rngs))
     fwd = _jit(m)
     tok = jax.random.randint(jax.random.key(0), (1, 12), 4, V)
     seg = jnp.asarray([[1] * 6 + [2] * 6], jnp.int32)
@@ -39,8 +52,8 @@ def test_conv_mixer_lm_is_causal_and_document_local():
     np.testing.assert_array_equal(changed, [2 <= t <= 5 for t in range(12)])
 
 
-def test_persistent_prefix_is_stripped_and_used():
-    make = lambda i, rngs: Attention(D, 2, init_std=0.3, rngs=rngs)
+def test_persistent_prefix_is_used():
+    make = lambda i, rngs: Attention(D, 2, init_std=0.3, n_persistent=3, rngs=rngs)
     m0, m3 = _lm(make), _lm(make, n_persistent=3)
     assert count_params(m3) - count_params(m0) == 3 * D
     tok = jax.random.randint(jax.random.key(1), (2, 8), 4, V)
@@ -54,7 +67,25 @@ def test_persistent_prefix_is_stripped_and_used():
 
 def test_invalid_arguments_raise():
     with pytest.raises(ValueError, match="remat"):
-        _lm(lambda i, rngs: ShortConv(D, rngs=rngs), remat="all")
+        _lm(lambda i, rngs: _ConvMixer(rngs), remat="all")
     with pytest.raises(ValueError, match="n_layers"):
         LanguageModel(vocab_size=V, d_model=D, n_layers=0, d_ff=8,
                       make_mixer=lambda i, rngs: None, rngs=nnx.Rngs(0))
+
+
+def test_stateful_call_from_init_state_equals_the_training_call():
+    make = lambda i, rngs: Attention(D, 2, init_std=0.3, window=4, n_persistent=2, rngs=rngs)
+    m = _lm(make, n_persistent=2)
+    tok = jax.random.randint(jax.random.key(2), (2, 10), 4, V)
+    seg = jnp.asarray([[1] * 6 + [2] * 4, [3] * 10], jnp.int32)
+    state = m.init_state(2)
+    assert isinstance(state, LMState) and len(state.layers) == 2
+    assert int(state.stream.position) == 0  # the prefix does not advance the stream
+    logits, new_state = m(tok, seg, state)
+    np.testing.assert_allclose(logits, m(tok, seg), rtol=1e-6, atol=1e-6)
+    assert int(new_state.stream.position) == 10
+    # the state is a pytree of arrays of fixed shapes: a second call jit-compiles against it
+    second, _ = nnx.jit(lambda mm, t, s, st: mm(t, s, st))(m, tok, seg, new_state)
+    assert second.shape == (2, 10, V)
+    with pytest.raises(ValueError, match="batch size"):
+        m(tok, seg, m.init_state(3))

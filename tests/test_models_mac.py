@@ -34,7 +34,15 @@ def _mixer(dtype="float64", **changes):
     return model.blocks[0].mixer
 
 
-_COLLECT = nnx.jit(lambda m, x, s: m.forward(x, s, collect=True))
+def _collect(mixer, x, ids):
+    """One training-path call (fresh state) with the per-segment internals."""
+    from titans_lm.nn.stream import fresh_stream_state, make_stream
+    stream, _ = make_stream(ids, fresh_stream_state(x.shape[0]), fresh=True)
+    o, _, aux = mixer.forward(x, stream, mixer.init_state(x.shape[0]), collect=True)
+    return o, aux
+
+
+_COLLECT = nnx.jit(_collect)
 
 
 def test_retrieval_for_segment_n_depends_only_on_earlier_segments():
@@ -72,7 +80,9 @@ def test_read_after_own_write():
         state = jax.tree.map(lambda a: a[n], aux["state_in"])
         y = aux["y"][n]
         for t in (0, 5, 16, 21, N - 1):  # chunk starts, inside chunks, the segment end
-            w = mem.project(y[:, :t + 1], ids[:, :t + 1])  # eta bounded by the layer (eta_max)
+            from titans_lm.nn.stream import fresh_stream_state, make_stream
+            stream, _ = make_stream(ids[:, :t + 1], fresh_stream_state(1), fresh=True)
+            w, _ = mem.project(y[:, :t + 1], stream)  # eta bounded by the layer (eta_max)
             reads, _ = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, None)
             np.testing.assert_allclose(reads[:, :, t], aux["m_reads"][n][:, :, t], rtol=1e-10,
                                        atol=1e-12)
@@ -103,3 +113,76 @@ def test_tiny_config_memory_stays_finite_at_initialisation():
     norms = [float(jnp.linalg.norm(p[s])) for p in aux["state_in"][0] for s in range(4)]
     assert np.isfinite(norms).all() and max(norms) < 10 * min(norms), norms
     assert np.isfinite(np.asarray(aux["m_reads"])).all()
+
+
+# ----------------------------------------------------------------------------- carried state
+from functools import cache as _cache  # noqa: E402
+
+from titans_lm.memory.config import MemoryConfig  # noqa: E402
+from titans_lm.memory.layer import NeuralMemory  # noqa: E402
+from titans_lm.nn.gated_combine import GatedCombine  # noqa: E402
+from titans_lm.nn.stream import fresh_stream_state, make_stream  # noqa: E402
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+TS, NS = 30, 8   # stream length, segment length (chunk 4)
+# Documents at 0, a segment start (16) and inside a segment at a chunk start (20) and mid-chunk
+# (26, not a memory reset: as in one call); padding 12..13.
+SEG_S = np.array([[1] * 12 + [0] * 2 + [1] * 2 + [2] * 4 + [3] * 6 + [4] * 4,
+                  [7] * 20 + [8] * 10], np.int32)
+
+
+@_cache
+def _stateful_mixers():
+    with nnx.use_eager_sharding(False):
+        rngs = nnx.Rngs(0)
+        cfg = MemoryConfig(d_model=16, n_heads=2, head_dim=8, chunk_size=4, dtype="float64",
+                           param_dtype="float64", theta_max=0.5, alpha_bias_init=-2.0)
+        attention = lambda: ContextAttention(16, 2, n_persistent=2, dtype=jnp.float64,  # noqa: E731
+                                             param_dtype=jnp.float64, init_std=0.3, rngs=rngs)
+        mac = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(),
+                       GatedCombine(16, dtype=jnp.float64, param_dtype=jnp.float64, rngs=rngs), NS)
+        return {"mac": mac, "segment_attention": SegmentAttentionMixer(attention(), NS)}
+
+
+@_cache
+def _stateful_step(name):
+    graphdef, params = nnx.split(_stateful_mixers()[name])
+    fn = jax.jit(lambda p, x, stream, state: nnx.merge(graphdef, p)(x, stream, state),
+                 compiler_options=FAST_COMPILE)
+    return lambda *a: fn(params, *a)
+
+
+def _run_calls(name, x, cuts):
+    step, mixer = _stateful_step(name), _stateful_mixers()[name]
+    sstate, state, ys = fresh_stream_state(x.shape[0]), mixer.init_state(x.shape[0]), []
+    for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        stream, sstate = make_stream(jnp.asarray(SEG_S[:, a:b]), sstate, fresh=i == 0)
+        y, state = step(x[:, a:b], stream, state)
+        ys.append(y)
+    return jnp.concatenate(ys, axis=1), state
+
+
+@pytest.mark.parametrize("name", ["mac", "segment_attention"])
+def test_split_calls_and_token_by_token_equal_one_call(name):
+    """Splits inside a chunk (3), at a chunk start inside a segment (4, 12), at segment starts
+    (8, 16), inside a segment (13, 21), and one token per call."""
+    with jax.enable_x64(True):
+        x = jax.random.normal(jax.random.key(3), (2, TS, 16), jnp.float64)
+        whole, end = _run_calls(name, x, [0, TS])
+        for cuts in ([0, 3, TS], [0, 4, TS], [0, 8, TS], [0, 12, TS], [0, 13, TS], [0, 16, TS],
+                     [0, 21, TS], [0, 5, 6, 19, TS], list(range(TS + 1))):
+            y, state = _run_calls(name, x, cuts)
+            err = float(jnp.max(jnp.abs(y - whole)))
+            assert err < 1e-12, f"cuts {cuts[:5]}: {err:.2e}"
+            for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(end)):
+                np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_carried_state_reaches_later_calls():
+    """The second call's output depends on the first call's tokens through the carried memory."""
+    with jax.enable_x64(True):
+        x = jax.random.normal(jax.random.key(4), (2, TS, 16), jnp.float64)
+        y, _ = _run_calls("mac", x, [0, 16, TS])
+        y2, _ = _run_calls("mac", x.at[:, 2].add(1.0), [0, 16, TS])
+        assert float(jnp.max(jnp.abs(y[1, 16:] - y2[1, 16:]))) > 1e-6   # row 1: one document
+        np.testing.assert_array_equal(y[:, :2], y2[:, :2])

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from _backbones import build, forward, load_config, mixer_input, run_probe, small_model_cfg
+from _backbones import build, forward_mixer, load_config, mixer_input, run_probe, small_model_cfg
 from titans_lm.models.mag import MAGMixer
 from titans_lm.nn.attention import Attention
 
@@ -30,9 +30,10 @@ def test_a_silent_memory_gates_the_attention_by_one_half():
     mixer = build(small_model_cfg("mag", "float32", n_layers=1)).blocks[0].mixer
     mixer.memory.w_out[...] = jnp.zeros_like(mixer.memory.w_out[...])
     x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
-    got = forward(mixer, x, ids)
+    got = forward_mixer(mixer, x, ids)
     c = mixer.combine
-    want = nnx.jit(lambda a, c, x, s: (c.norm_y(a(x, s)) * 0.5) @ c.w_o[...])(mixer.attention, c, x, ids)
+    y = forward_mixer(mixer.attention, x, ids)
+    want = nnx.jit(lambda c, y: (c.norm_y(y) * 0.5) @ c.w_o[...])(c, y)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
@@ -41,5 +42,5 @@ def test_config_and_persistent_switch():
     assert cfg.window == 64 and cfg.n_persistent == 4 and cfg.memory_layers == "all"
     assert load_config("mag", "340m").model.window == 1024
     model = build(small_model_cfg("mag", "float32", n_layers=1, n_persistent=0))
-    assert model.persistent is None and model.blocks[0].mixer.n_persistent == 0
+    assert model.persistent is None and model.blocks[0].mixer.attention.n_persistent == 0
     assert "persistent" not in nnx.to_pure_dict(nnx.state(model, nnx.Param))

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from _backbones import build, forward, load_config, mixer_input, run_probe, small_model_cfg
+from _backbones import build, forward_mixer, load_config, mixer_input, run_probe, small_model_cfg
 from titans_lm.models.mal import MALMixer
 from titans_lm.nn.attention import Attention
 
@@ -28,11 +28,11 @@ def test_memory_feeds_the_attention():
     it."""
     mixer = build(small_model_cfg("mal", "float32", n_layers=1)).blocks[0].mixer
     x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
-    full = np.asarray(forward(mixer, x, ids))
-    attn_only = np.asarray(forward(mixer.attention, x, ids))
+    full = np.asarray(forward_mixer(mixer, x, ids))
+    attn_only = np.asarray(forward_mixer(mixer.attention, x, ids))
     assert 0 < np.abs(full - attn_only).max() < 0.5 * np.abs(attn_only).max()
     mixer.memory.w_out[...] = jnp.zeros_like(mixer.memory.w_out[...])
-    np.testing.assert_allclose(np.asarray(forward(mixer, x, ids)), attn_only, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(forward_mixer(mixer, x, ids)), attn_only, rtol=1e-6, atol=1e-7)
 
 
 def test_config():

@@ -10,8 +10,10 @@ from flax import nnx
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.memory_mixer import (MemoryMixer, make_memory, memory_config,
-                                           memory_layer_indices, prefixed_memory)
+                                           memory_layer_indices)
 from titans_lm.models.presets import memory_section
+from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
+from titans_lm.nn.stream import fresh_stream_state, make_stream
 
 
 def _model_cfg(**memory):
@@ -53,26 +55,43 @@ def test_memory_layer_indices():
 def _memory(**kw):
     cfg = MemoryConfig(d_model=32, n_heads=2, head_dim=16, chunk_size=4, dtype="float64",
                        param_dtype="float64", **kw)
-    with nnx.use_eager_sharding(False):
-        return NeuralMemory(cfg, rngs=nnx.Rngs(0))
+    return NeuralMemory(cfg, rngs=nnx.Rngs(0))
+
+
+def call(mixer, x, ids):
+    """One call from a fresh state (the training path)."""
+    stream, _ = make_stream(ids, fresh_stream_state(x.shape[0]), fresh=True)
+    return mixer(x, stream, mixer.init_state(x.shape[0]))[0]
+
+
+def with_prefix(mixer, x, ids, n_prefix):
+    """The first n_prefix positions (persistent) as their own call, as LanguageModel.init_state
+    runs them, then the rest from the state they leave (stream position back to 0)."""
+    B = x.shape[0]
+    sp, st = make_stream(ids[:, :n_prefix], fresh_stream_state(B), fresh=True)
+    y_p, state = mixer(x[:, :n_prefix], sp, mixer.init_state(B))
+    sx, _ = make_stream(ids[:, n_prefix:], st._replace(position=jnp.zeros((), jnp.int32)),
+                        fresh=True)
+    y, _ = mixer(x[:, n_prefix:], sx, state)
+    return jnp.concatenate([y_p, y], axis=1)
 
 
 def test_prefix_equals_one_sequence_through_the_memory():
     """Without momentum and conv (which a document start resets) and with N_p a multiple of the
-    chunk size, M over [p || doc] with the prefix as its own segment equals one plain sequence."""
+    chunk size, M over [p || doc] with the prefix as its own call equals one plain sequence."""
     with jax.enable_x64(True):
-        mem = _memory(use_momentum=False, use_conv=False)
+        mem = MemoryMixer(_memory(use_momentum=False, use_conv=False))
         x = jax.random.normal(jax.random.key(0), (1, 4 + 20, 32), jnp.float64)
-        ids = jnp.asarray([[-1] * 4 + [1] * 20])
-        got = nnx.jit(lambda m, x, s: prefixed_memory(m, x, s, 4))(mem, x, ids)
-        want = nnx.jit(lambda m, x, s: m(x, s))(mem, x, jnp.ones_like(ids))
+        ids = jnp.asarray([[PERSISTENT_SEGMENT_ID] * 4 + [1] * 20])
+        got = nnx.jit(lambda m, x, s: with_prefix(m, x, s, 4))(mem, x, ids)
+        want = nnx.jit(call)(mem, x, jnp.ones_like(ids))
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
 
 
 def test_every_document_starts_from_the_prefix_state():
     """N_p = 3 (not a chunk multiple): two packed documents equal each alone after the prefix."""
     with jax.enable_x64(True):
-        mixer = MemoryMixer(_memory(), n_persistent=3)
+        mixer = MemoryMixer(_memory())
         key = jax.random.split(jax.random.key(1), 3)
         p, a, b = (jax.random.normal(k, (n, 32), jnp.float64) for k, n in zip(key, (3, 8, 10)))
         z = lambda n: jnp.zeros((n, 32), jnp.float64)  # noqa: E731
@@ -82,18 +101,16 @@ def test_every_document_starts_from_the_prefix_state():
                 (jnp.concatenate([p + 1.0, b, z(12)]), [-1] * 3 + [5] * 10 + [0] * 12)]
         x = jnp.stack([r[0] for r in rows])
         ids = jnp.asarray([r[1] for r in rows], jnp.int32)
-        y = nnx.jit(lambda m, x, s: m(x, s))(mixer, x, ids)
+        y = nnx.jit(lambda m, x, s: with_prefix(m, x, s, 3))(mixer, x, ids)
         np.testing.assert_allclose(y[0, :11], y[1, :11], rtol=0, atol=1e-12)
         np.testing.assert_allclose(y[0, 15:], y[2, 3:13], rtol=0, atol=1e-12)
         # the persistent tokens do reach the documents through the memory state
         assert float(jnp.abs(y[3, 3:13] - y[2, 3:13]).max()) > 1e-6
-        with pytest.raises(ValueError, match="n_prefix=13"):
-            prefixed_memory(mixer.memory, x[:, :5], ids[:, :5], 13)
 
 
 def test_make_memory_residual_init():
     cfg = MemoryConfig(d_model=128, n_heads=2, head_dim=64, memory_depth=1)
-    with nnx.use_eager_sharding(False):
+    with nnx.use_eager_sharding(False):   # normal_param (titans_lm.nn.init) needs it
         default = make_memory(cfg, rngs=nnx.Rngs(0))
         scaled = make_memory(cfg, rngs=nnx.Rngs(0), out_init_std=0.005)
     assert abs(float(jnp.std(scaled.w_out[...])) - 0.005) < 5e-4
@@ -107,11 +124,12 @@ def test_momentum_bound():
         free, bounded = _memory(eta_max=1.0), _memory(eta_max=0.9)  # same seed: same parameters
         x = jax.random.normal(jax.random.key(4), (1, 20, 32), jnp.float64)
         ids = jnp.ones((1, 20), jnp.int32)
-        a, b = free.project(x, ids), bounded.project(x, ids)
+        stream, _ = make_stream(ids, fresh_stream_state(1), fresh=True)
+        a, b = free.project(x, stream)[0], bounded.project(x, stream)[0]
         np.testing.assert_allclose(np.asarray(b.eta), 0.9 * np.asarray(a.eta), rtol=1e-15)
         np.testing.assert_array_equal(np.asarray(b.theta), np.asarray(a.theta))
         np.testing.assert_array_equal(np.asarray(b.alpha), np.asarray(a.alpha))
-        run = nnx.jit(lambda m, x, s: prefixed_memory(m, x, s, 0))
+        run = nnx.jit(lambda m, x, s: call(MemoryMixer(m), x, s))
         assert float(jnp.abs(run(bounded, x, ids) - run(free, x, ids)).max()) > 1e-9
     with pytest.raises(ValueError, match="the momentum gate bound is model.memory.eta_max"):
         m = _model_cfg()

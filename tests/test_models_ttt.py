@@ -38,7 +38,8 @@ def test_ttt_settings(name, inner, paper_lr):
     n = len(shapes)
     assert memory.model.outer_params() == {n - 2, n - 1}
     x, ids = mixer_input(dtype=jnp.float32)
-    g = memory.project(x, ids)
+    from titans_lm.nn.stream import fresh_stream_state, make_stream
+    g = memory.project(x, make_stream(ids, fresh_stream_state(x.shape[0]), fresh=True)[0])[0]
     np.testing.assert_array_equal(np.asarray(g.eta), 0.0)  # no momentum
     np.testing.assert_array_equal(np.asarray(g.alpha), 0.0)  # no decay
     real = np.asarray(ids != 0)[:, None, :]

@@ -3,6 +3,9 @@
     titans-lm prepare --config=configs/transformer.py:tiny
     titans-lm train   --config=configs/transformer.py:tiny [--config.train.steps=100] [--workdir=runs/tiny]
     titans-lm eval    --workdir=runs/tiny [--split=test|validation] [--text=FILE] [--step=N]
+                      [--context=reset|carry|both]
+    titans-lm generate --workdir=runs/tiny --prompt="ROMEO:" [--prompt_file=F] [--max_new_tokens=N]
+                      [--temperature=T] [--top_k=K] [--top_p=P] [--seed=S]
     titans-lm config  --config=configs/transformer.py:tiny [--config.train.steps=100]
     titans-lm plot    runs/tiny [runs/other ...] [--out=curves.png]
 
@@ -29,7 +32,7 @@ from pathlib import Path
 from absl import app, flags, logging as absl_logging
 from ml_collections import config_flags
 
-COMMANDS = ("prepare", "train", "eval", "config", "plot")
+COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config: path/to/config.py[:size], e.g. configs/transformer.py:tiny.",
@@ -42,23 +45,45 @@ _EVAL_AFTER = flags.DEFINE_boolean(
 _SPLIT = flags.DEFINE_enum("split", "test", ["test", "validation"],
                            "eval: held-out split of the training corpus.")
 _TEXT = flags.DEFINE_string("text", None, "eval: score this UTF-8 text file instead.")
-_STEP = flags.DEFINE_integer("step", None, "eval: checkpoint step (default: the newest).")
+_STEP = flags.DEFINE_integer(
+    "step", None, "eval, generate: checkpoint step (default: the newest).")
 _WIKITEXT = flags.DEFINE_boolean(
     "wikitext", True, "eval: also score WikiText-2 (its validation set with --split=validation, "
     "else its test set).")
 _OUT = flags.DEFINE_string("out", None, "plot: the PNG to write (default: <workdir>/curves.png "
                            "for one run, curves.png here for several).")
+_CONTEXT = flags.DEFINE_enum(
+    "context", "reset", ["reset", "carry", "both"],
+    "eval: reset = every window from the initial state (as in training); carry = each document "
+    "streamed window after window with the model's state carried (Transformer++: a sliding "
+    "context of seq_len tokens); both = the two side by side.")
+_PROMPT = flags.DEFINE_multi_string(
+    "prompt", None, "generate: a prompt (repeat the flag for a batch of prompts).")
+_PROMPT_FILE = flags.DEFINE_string(
+    "prompt_file", None, "generate: a UTF-8 file of prompts, one per line (blank lines skipped).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 100, "generate: tokens to sample per prompt.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "generate: sampling temperature (0 = greedy).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "generate: keep the k most likely tokens (0 = all).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "generate: nucleus mass in (0, 1] (1 = all).")
+_SEED = flags.DEFINE_integer("seed", 0, "generate: PRNG seed of the samples.")
+_MAX_CONTEXT = flags.DEFINE_integer(
+    "max_context", None, "generate: Transformer++'s KV cache in tokens (default: the training "
+    "length data.seq_len).")
 
 USAGE = __doc__.split("\n\n")[1]
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 # The flags each command reads (``titans-lm <command> --help`` lists them).
 COMMAND_FLAGS = {"prepare": ("config",), "train": ("config", "workdir", "eval_after"),
-                 "eval": ("workdir", "split", "text", "step", "wikitext", "config"),
+                 "eval": ("workdir", "split", "text", "step", "wikitext", "context", "config"),
+                 "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
+                              "top_k", "top_p", "seed", "max_context", "step"),
                  "config": ("config",), "plot": ("out",)}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
     "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
     "eval": "Score the newest (or --step) checkpoint of --workdir on held-out text.",
+    "generate": "Sample a continuation of each prompt with the newest (or --step) checkpoint of "
+                "--workdir, printing it as it is produced (timings on stderr).",
     "config": "Print the resolved config (the config.json a run would hold) without training.",
     "plot": "titans-lm plot W1 [W2 ...]: draw train/validation loss and tokens/s of runs into a PNG.",
 }
@@ -161,7 +186,21 @@ def _eval(argv) -> int:
         workdir = default_workdir(_load_config())
     _PHASE["now"] = "evaluation; the results of the datasets not yet scored were not written"
     evaluate(workdir, split=_SPLIT.value, text_file=_TEXT.value, step=_STEP.value,
-             wikitext=_WIKITEXT.value, overrides=_EVAL_OVERRIDES)
+             wikitext=_WIKITEXT.value, context=_CONTEXT.value, overrides=_EVAL_OVERRIDES)
+    return 0
+
+
+def _generate(argv) -> int:
+    del argv
+    from titans_lm.generate.run import generate_text, read_prompts
+    from titans_lm.generate.sampling import SamplingConfig
+    if _WORKDIR.value is None:
+        raise UsageError("--workdir is required (the directory of a trained run)")
+    prompts = read_prompts(_PROMPT.value, _PROMPT_FILE.value)
+    sampling = SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
+    _PHASE["now"] = "generation"
+    generate_text(_WORKDIR.value, prompts, max_new_tokens=_MAX_NEW.value, sampling=sampling,
+                  seed=_SEED.value, max_context=_MAX_CONTEXT.value, step=_STEP.value)
     return 0
 
 
@@ -185,7 +224,8 @@ def _plot(argv) -> int:
     return 0
 
 
-_MAINS = {"prepare": _prepare, "train": _train, "eval": _eval, "config": _config, "plot": _plot}
+_MAINS = {"prepare": _prepare, "train": _train, "eval": _eval, "generate": _generate,
+          "config": _config, "plot": _plot}
 _EVAL_OVERRIDES: dict[str, str] = {}
 
 

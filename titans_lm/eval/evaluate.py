@@ -20,13 +20,22 @@ Baseline: a unigram model of the same tokenizer, frequencies counted on the trai
 tokens (BOS and padding excluded: neither is ever a target) with add-one smoothing over the V
 ids, ``p(v) = (count(v) + 1) / (N + V)``, scored on exactly the tokens the model is scored on.
 
-Results are printed as a table and written to ``<workdir>/eval_<name>.json``; for a text file the
-name is ``text-<file name>-<8 hex digits of the sha256 of its absolute path>``, so two files never
-share a result file.
+Context (``context``, ``titans-lm eval --context=reset|carry|both``): ``reset`` (the default)
+scores every window from the model's initial state, the protocol the models are trained under
+and the one every number of the project was reported with; ``carry`` streams each document
+window after window with the model's state carried (``titans_lm.eval.streaming``), so memories
+see the whole document and Transformer++ becomes the sliding-context baseline (a KV cache of the
+last ``seq_len`` tokens); ``both`` reports the two side by side. Both modes score the same tokens.
+
+Results are printed as a table and written to ``<workdir>/eval_<name>.json``: ``model`` holds the
+totals of the first mode run (reset when it is run; ``model_context`` names it), ``modes`` the
+totals, seconds and tokens/s of each mode. For a text file the name is ``text-<file
+name>-<8 hex digits of the sha256 of its absolute path>``, so two files never share a result file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -42,6 +51,8 @@ from tqdm import tqdm
 
 from titans_lm.config import BOS_ID, PAD_ID
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
+from titans_lm.eval.streaming import (CONTEXT_MODES, StatefulLM, carry_note, make_carry_step,
+                                      score_documents_carry)
 from titans_lm.eval.windows import eval_batches
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer
@@ -113,6 +124,87 @@ def _eval_mesh(cfg: ml_collections.ConfigDict):
         return shd.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
 
 
+def context_modes(context: str) -> tuple[str, ...]:
+    """The modes of ``--context``: "reset" -> ("reset",), "carry" -> ("carry",), "both" -> both.
+
+    Raises:
+      ValueError: any other value.
+    """
+    if context == "both":
+        return CONTEXT_MODES
+    if context not in CONTEXT_MODES:
+        raise ValueError(f"unknown context {context!r}: use reset, carry or both")
+    return (context,)
+
+
+def with_max_context(cfg: ml_collections.ConfigDict, max_context: int | None
+                     ) -> ml_collections.ConfigDict:
+    """``cfg`` with ``model.max_context`` (the bound of a full-attention KV cache) set.
+
+    Only for models with full attention (Transformer++, whose config has the field; checkpoints
+    written before it existed included): ``max_context`` None keeps a non-zero value the config
+    has and otherwise uses ``data.seq_len`` (the training length: carry mode's sliding-context
+    baseline). The field changes no parameter. Other models' configs are returned unchanged.
+    """
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    if "max_context" not in cfg.model and cfg.model.get("name") != "transformer":
+        return cfg
+    if max_context is None:
+        max_context = int(cfg.model.get("max_context", 0) or cfg.data.seq_len)
+    if int(max_context) < 1:
+        raise ValueError(f"max_context must be >= 1, got {max_context}")
+    cfg.model.max_context = int(max_context)
+    return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedRun:
+    """A checkpoint's parameters and what rebuilds its model.
+
+    Attributes: cfg (the saved config with the eval-time overrides applied and
+    ``model.max_context`` set by :func:`with_max_context`), fns (:class:`ModelFns`), params (pure
+    dict, placed in ``params_sh``), params_sh, mesh, step, saved_cfg (the config as saved).
+    """
+    cfg: ml_collections.ConfigDict
+    fns: ModelFns
+    params: Any
+    params_sh: Any
+    mesh: Any
+    step: int
+    saved_cfg: ml_collections.ConfigDict
+
+
+def load_run(workdir: str | Path, step: int | None = None, *, max_context: int | None = None,
+             overrides: dict[str, str] | None = None) -> LoadedRun:
+    """Restore the parameters of ``workdir``'s checkpoint ``step`` (default: the newest) with
+    the model its saved config describes (with ``overrides``, eval-time config changes:
+    :func:`titans_lm.cli_config.apply_eval_overrides`).
+
+    Raises:
+      titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
+      ValueError: a bad ``max_context`` or an override that evaluation cannot apply.
+    """
+    from titans_lm.cli_config import apply_eval_overrides
+    from titans_lm.config import validate
+
+    ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
+    try:
+        step = ckpt.resolve_step(step)
+        saved = ckpt.read_config(step)
+        cfg = apply_eval_overrides(saved, overrides or {})
+        validate(cfg)
+        cfg = with_max_context(cfg, max_context)
+        fns = model_fns(cfg.model)
+        mesh = _eval_mesh(cfg)
+        params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
+        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                fns.abstract_params(), params_sh)
+        params, step = ckpt.restore_params(abstract, step)
+    finally:
+        ckpt.close()
+    return LoadedRun(cfg, fns, params, params_sh, mesh, step, saved)
+
+
 def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
     """[(name, corpus or None, split or None, documents)]."""
     import hashlib
@@ -134,8 +226,8 @@ def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
 
 
 def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = None,
-             step: int | None = None, *, wikitext: bool = True, log: Log = print,
-             progress: bool = True, overrides: dict[str, str] | None = None
+             step: int | None = None, *, wikitext: bool = True, context: str = "reset",
+             log: Log = print, progress: bool = True, overrides: dict[str, str] | None = None
              ) -> dict[str, dict[str, Any]]:
     """Score a trained run on held-out text.
 
@@ -145,47 +237,40 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       text_file: score this UTF-8 file (one document) instead of the corpora.
       step: the checkpoint to load (default: the newest).
       wikitext: also score WikiText-2's ``split`` (when ``text_file`` is None).
+      context: "reset" (every window from the initial state), "carry" (documents streamed with
+        the state carried, ``titans_lm.eval.streaming``) or "both".
       overrides: ``{field: value text}`` applied to the checkpoint's config
         (:func:`titans_lm.cli_config.apply_eval_overrides`).
       log: message sink. progress: show progress bars.
 
     Returns:
-      name -> result dict (``model`` and ``unigram`` totals and metrics, document count, step),
-      also written to ``<workdir>/eval_<name>.json``.
+      name -> result dict (``model`` and ``unigram`` totals and metrics, ``modes``: per context
+      mode its totals, seconds and tokens/s; document count, step), also written to
+      ``<workdir>/eval_<name>.json``.
 
     Raises:
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
-      ValueError / FileNotFoundError: unknown split, missing or unreadable text, an override
-        eval cannot apply, or training data that changed since the run was trained.
+      ValueError / FileNotFoundError: unknown split or context, missing or unreadable text, an
+        override eval cannot apply, or training data that changed since the run was trained.
     """
-    from titans_lm.cli_config import apply_eval_overrides, result_suffix
-    from titans_lm.config import validate
+    from titans_lm.cli_config import result_suffix
     from titans_lm.data.prepare import prepare, tokenize_documents
     from titans_lm.train.run_files import check_run_data
 
+    modes = context_modes(context)
     workdir = Path(workdir).resolve()
-    ckpt = Checkpointer(workdir, read_only=True)
-    try:
-        step = ckpt.resolve_step(step)
-        saved = ckpt.read_config(step)
-        cfg = apply_eval_overrides(saved, overrides or {})
-        validate(cfg)
-        suffix = result_suffix(overrides or {}, saved)
-        datasets = _datasets(cfg, split, text_file, wikitext)
-        prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
-        check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
-        tokenizer = prepared.tokenizer
-        fns = model_fns(cfg.model)
-        mesh = _eval_mesh(cfg)
-        params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
-        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                fns.abstract_params(), params_sh)
-        params, step = ckpt.restore_params(abstract, step)
-    finally:
-        ckpt.close()
+    run = load_run(workdir, step, overrides=overrides)
+    cfg, fns, params, params_sh, mesh, step = (run.cfg, run.fns, run.params, run.params_sh,
+                                               run.mesh, run.step)
+    suffix = result_suffix(overrides or {}, run.saved_cfg)
+    datasets = _datasets(cfg, split, text_file, wikitext)
+    prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
+    check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
+    tokenizer = prepared.tokenizer
 
     n_params = count_params(fns)
-    score_fn = make_score_fn(fns, params_sh, mesh)
+    score_fn = make_score_fn(fns, params_sh, mesh) if "reset" in modes else None
+    carry_fns = make_carry_step(StatefulLM(fns)) if "carry" in modes else None
     log_probs = unigram_log_probs(prepared.stores["train"].tokens, cfg.model.vocab_size)
     seq_len = int(cfg.data.seq_len)
     max_docs = int(cfg.eval.get("max_docs", 0) or 0)
@@ -198,18 +283,33 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
         toks = tokenize_documents(tokenizer, docs)
         if progress:
             print(f"scoring {name}: {len(docs)} document(s), {sum(len(t) - 1 for t in toks):,} "
-                  f"tokens in windows of {seq_len}", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        model = score_documents(score_fn, params, toks, texts, seq_len=seq_len,
-                                batch_size=int(cfg.eval.batch_size), mesh=mesh,
-                                progress=progress, desc=name)
+                  f"tokens in windows of {seq_len}, context {'+'.join(modes)}", file=sys.stderr,
+                  flush=True)
+        t_all = time.perf_counter()
+        by_mode = {}
+        for mode in modes:
+            t0 = time.perf_counter()
+            if mode == "reset":
+                totals = score_documents(score_fn, params, toks, texts, seq_len=seq_len,
+                                         batch_size=int(cfg.eval.batch_size), mesh=mesh,
+                                         progress=progress, desc=f"{name} reset")
+            else:
+                totals = score_documents_carry(*carry_fns, params, toks, texts, seq_len=seq_len,
+                                               batch_size=int(cfg.eval.batch_size), mesh=mesh,
+                                               progress=progress, desc=f"{name} carry")
+            sec = time.perf_counter() - t0
+            by_mode[mode] = {"model": totals.as_dict(), "seconds": sec,
+                             "tokens_per_s": totals.n_tokens / sec if sec > 0 else None}
+        if "carry" in by_mode:
+            by_mode["carry"]["note"] = carry_note(cfg.model, seq_len)
         uni = unigram_totals(toks, texts, log_probs)
         res = {"name": name, "corpus": corpus, "split": split_name, "text_file": text_file,
                "workdir": str(workdir), "step": step, "model_name": cfg.model.name,
                "n_params": n_params, "seq_len": seq_len, "n_docs": len(docs),
                "overrides": dict(overrides or {}),
-               "model": model.as_dict(), "unigram": uni.as_dict(),
-               "seconds": time.perf_counter() - t0}
+               "model": by_mode[modes[0]]["model"], "model_context": modes[0],
+               "modes": by_mode, "unigram": uni.as_dict(),
+               "seconds": time.perf_counter() - t_all}
         results[name] = res
         if jax.process_index() == 0:
             (workdir / f"eval_{name}.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -225,22 +325,44 @@ def _fmt(x: float | None) -> str:
 
 def format_table(results: dict[str, dict[str, Any]], cfg: ml_collections.ConfigDict, step: int,
                  n_params: int) -> str:
-    """A plain-text table of the results: the model's token ppl, word ppl and bits/byte, then the
-    same three for the unigram baseline of the same tokenizer (columns prefixed "unigram")."""
-    w = max([22] + [len(r["name"]) + 2 for r in results.values()])
-    head = (f"{'dataset':<{w}}{'docs':>6}{'tokens':>11}{'words':>10}  {'token ppl':>10}"
-            f"{'word ppl':>11}{'bits/byte':>10}  {'unigram token ppl':>18}{'unigram word ppl':>17}"
-            f"{'unigram bits/byte':>18}")
+    """A plain-text table of the results: per dataset the model's token ppl, word ppl and
+    bits/byte (with two context modes, each metric has a reset and a carry column side by side),
+    then the same three for the unigram baseline of the same tokenizer (columns prefixed
+    "unigram"); lines under the table say what each mode means for this model."""
+    modes = list(next(iter(results.values()))["modes"]) if results else ["reset"]
+    seq_len = int(cfg.data.seq_len)
+    metrics = (("token ppl", "token_ppl"), ("word ppl", "word_ppl"), ("bits/byte", "bits_per_byte"))
+    w = 11
+    nw = max([22] + [len(r["name"]) + 2 for r in results.values()])
+    left = f"{'dataset':<{nw}}{'docs':>6}{'tokens':>11}{'words':>10}"
+    uni_head = f"{'unigram token ppl':>18}{'unigram word ppl':>17}{'unigram bits/byte':>18}"
     lines = [f"{cfg.model.name} ({n_params:,} parameters), checkpoint step {step}, windows of "
-             f"{cfg.data.seq_len} tokens", head, "-" * len(head)]
+             f"{seq_len} tokens, context {' and '.join(modes)}"]
+    if len(modes) == 1:
+        head = left + "  " + "".join(f"{label:>{w}}" for label, _ in metrics) + "  " + uni_head
+    else:
+        lines.append(" " * len(left) + "".join(f"  {label:^{w * len(modes)}}" for label, _ in metrics))
+        head = left + "".join("  " + "".join(f"{m:>{w}}" for m in modes) for _ in metrics) + \
+            "  " + uni_head
+    lines += [head, "-" * len(head)]
     for r in results.values():
-        m, u = r["model"], r["unigram"]
-        lines.append(f"{r['name']:<{w}}{r['n_docs']:>6}{m['n_tokens']:>11,}{m['n_words']:>10,}  "
-                     f"{_fmt(m.get('token_ppl')):>10}{_fmt(m.get('word_ppl')):>11}"
-                     f"{_fmt(m.get('bits_per_byte')):>10}  {_fmt(u.get('token_ppl')):>18}"
-                     f"{_fmt(u.get('word_ppl')):>17}{_fmt(u.get('bits_per_byte')):>18}")
+        u, m0 = r["unigram"], r["modes"][modes[0]]["model"]
+        row = f"{r['name']:<{nw}}{r['n_docs']:>6}{m0['n_tokens']:>11,}{m0['n_words']:>10,}"
+        if len(modes) == 1:
+            row += "  " + "".join(f"{_fmt(m0.get(key)):>{w}}" for _, key in metrics)
+        else:
+            row += "".join("  " + "".join(f"{_fmt(r['modes'][m]['model'].get(key)):>{w}}"
+                                          for m in modes) for _, key in metrics)
+        row += (f"  {_fmt(u.get('token_ppl')):>18}{_fmt(u.get('word_ppl')):>17}"
+                f"{_fmt(u.get('bits_per_byte')):>18}")
+        lines.append(row)
+    if "reset" in modes:
+        lines.append("reset: every window starts from the model's initial state (as in training)")
+    if "carry" in modes:
+        lines.append(f"carry: each document streamed in windows of {seq_len} tokens with the state "
+                     f"carried; {carry_note(cfg.model, seq_len)}")
     return "\n".join(lines)
 
 
-__all__ = ["evaluate", "format_table", "score_documents", "unigram_log_probs", "unigram_totals",
-           "make_score_fn"]
+__all__ = ["LoadedRun", "context_modes", "evaluate", "format_table", "load_run", "make_score_fn",
+           "score_documents", "unigram_log_probs", "unigram_totals", "with_max_context"]

@@ -114,7 +114,8 @@ def score_batch(logits_BTV: jax.Array, batch: dict[str, np.ndarray | jax.Array])
     Returns:
       ``(nll_sum, n_tokens)``: float32 scalar (nats) and int32 scalar, over the targets
       ``tokens[:, 1:]`` with weight ``(seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)``.
-      Computed in float32 with ``jax.nn.log_softmax``; jit-compatible.
+      Computed in float32 (float64 for float64 logits) with ``jax.nn.log_softmax``;
+      jit-compatible.
 
     Raises:
       ValueError: shapes that do not match (checked on static shapes).
@@ -127,7 +128,8 @@ def score_batch(logits_BTV: jax.Array, batch: dict[str, np.ndarray | jax.Array])
     targets_BT = jnp.asarray(tokens)[:, 1:]
     segs = jnp.asarray(segs)
     weight_BT = (segs[:, 1:] == segs[:, :-1]) & (segs[:, 1:] != 0)
-    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    logp_BTV = jax.nn.log_softmax(
+        logits_BTV.astype(jnp.promote_types(logits_BTV.dtype, jnp.float32)), axis=-1)
     target_logp_BT = jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
     nll_sum = -jnp.sum(jnp.where(weight_BT, target_logp_BT, 0.0))
     return nll_sum, jnp.sum(weight_BT, dtype=jnp.int32)

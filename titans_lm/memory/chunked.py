@@ -167,6 +167,15 @@ def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v
         reads = model.forward(_DualReadAccess(P0, S0, factors, coef, outer), q)
     else:
         reads = model.forward(PlainAccess(P0), q)
+    P_end, S_end = end_state(P0, S0, factors, ends, outer)
+    return reads, P_end, S_end
+
+
+def end_state(P0: Params, S0: Params, factors: GradientFactors, ends: EndRows,
+              outer: frozenset = frozenset()):
+    """(P_end, S_end) of a chunk from its start state, gradient factors and end rows:
+    P_end = B P0 + A S0 - sum_s C_s G_s,  S_end = E0 S0 - sum_s M_s G_s (one matmul per weight);
+    the parameters listed in ``outer`` (outer-loop ones) pass through unchanged."""
     P_end, S_end = [], []
     for i, (p0, s0, u, d) in enumerate(zip(P0, S0, factors.inputs, factors.signals)):
         if i in outer:
@@ -181,7 +190,7 @@ def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v
             gS = ends.M @ d
         P_end.append(ends.B * p0 + ends.A * s0 - gP)
         S_end.append(ends.E0 * s0 - gS)
-    return reads, tuple(P_end), tuple(S_end)
+    return tuple(P_end), tuple(S_end)
 
 
 def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, alpha,
@@ -220,7 +229,7 @@ def _pad_rows(x, total, value):
 
 def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                  chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
-                 running_mean: bool = False, log_keep=None):
+                 running_mean: bool = False, log_keep=None, state_length=None):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     The sequence is cut into ceil(T / chunk_size) chunks; the last one is padded with zero keys,
@@ -229,10 +238,15 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     ``chunks_per_checkpoint`` chunks form one ``jax.checkpoint`` group (the chunk count is padded
     with empty chunks that leave the state unchanged): the backward pass stores one state per group.
 
+    With ``state_length`` L the scan also carries the state after token L - 1: in chunk c the
+    coefficient row of token min(L - c b, b) - 1 gives it from the same gradient factors (one
+    more matmul per weight and chunk), kept while c b < L; the initial state for L = 0.
+
     Args:
       chunks_per_checkpoint: chunks per rematerialisation group (>= 1).
       running_mean: TTT's running-mean reads (see :func:`chunk_step`).
       log_keep: optional [T] log(1 - alpha), used instead of alpha (padded with 0).
+      state_length: None (the state after all T tokens) or an int scalar in 0..T, may be traced.
     Raises:
       ValueError: for chunks_per_checkpoint < 1.
     """
@@ -262,6 +276,14 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         coef = jax.vmap(lambda th, et, lk: chunk_coefficients(th, et, None, log_keep=lk))(
             per_chunk(theta_p), per_chunk(eta_p), per_chunk(_pad_rows(log_keep, total, 0)))
     ends = jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
+    keeping = state_length is not None
+    if keeping:
+        starts = jnp.arange(n_groups * g, dtype=jnp.int32) * b
+        length = jnp.clip(jnp.asarray(state_length, jnp.int32), 0, T)
+        keep_ends = jax.vmap(end_rows)(coef, jnp.clip(length - starts, 0, b))
+        keep_flags = starts < length
+    else:
+        keep_ends = keep_flags = None
     if running_mean:
         coef = with_running_mean(coef)
     if read != "after_write":
@@ -271,24 +293,34 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         return x.reshape((n_groups, g) + x.shape[1:])
 
     xs = (per_chunk(k_p), per_chunk(v_p), per_chunk(q_p), coef, ends,
-          reset_p.reshape(n_groups * g, b)[:, 0])
+          reset_p.reshape(n_groups * g, b)[:, 0], keep_ends, keep_flags)
     xs = jax.tree.map(group_shape, xs)
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
+    outer = model.outer_params()
 
     def one_chunk(carry, x):
-        P, S = carry
-        kc, vc, qc, cf, ed, rs = x
+        (P, S), kept = carry
+        kc, vc, qc, cf, ed, rs, ked, kf = x
         P = tuple(jnp.where(rs, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(rs, z, s) for z, s in zip(zeros, S))
-        reads, P, S = chunk_step_from_coefficients(model, P, S, kc, vc, qc, cf, ed, read=read)
-        return (P, S), reads
+        factors = gradient_factors(model, P, kc, vc)
+        if read == "after_write":
+            reads = model.forward(_DualReadAccess(P, S, factors, cf, outer), qc)
+        else:
+            reads = model.forward(PlainAccess(P), qc)
+        if keeping:
+            P_k, S_k = end_state(P, S, factors, ked, outer)
+            kept = (tuple(jnp.where(kf, a, c) for a, c in zip(P_k, kept[0])),
+                    tuple(jnp.where(kf, a, c) for a, c in zip(S_k, kept[1])))
+        return (end_state(P, S, factors, ed, outer), kept), reads
 
-    carry0 = (tuple(params0), tuple(momentum0))
+    state0 = (tuple(params0), tuple(momentum0))
+    carry0 = (state0, state0 if keeping else None)
     if g == 1:
         step = jax.checkpoint(one_chunk, prevent_cse=False)
         xs = jax.tree.map(lambda x: x[:, 0], xs)
     else:
         step = jax.checkpoint(lambda carry, x: jax.lax.scan(one_chunk, carry, x), prevent_cse=False)
-    (P, S), reads = jax.lax.scan(step, carry0, xs)
+    (state, kept), reads = jax.lax.scan(step, carry0, xs)
     reads = reads.reshape(total, reads.shape[-1])[:T].astype(dt)
-    return reads, (P, S)
+    return reads, (kept if keeping else state)

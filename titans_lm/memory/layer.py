@@ -10,14 +10,28 @@ Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; DESIGN.md sec.
     reads = memory_scan(W0_h, 0, k, v, q, theta, eta, alpha)   (titans_lm.memory.scan)
     y = (RMSNorm(reads) * SiLU(x W_g)) W_O               [H, head_dim] -> [D]
 
-Documents: ``segment_ids_BT`` (0 = padding) give document starts where the id changes to a
-non-zero id; the memory state returns to (W0, 0) there (honoured at chunk starts, which the data
-pipeline guarantees for chunk sizes dividing 64) and the conv window restarts. Padding tokens get
-theta = eta = alpha = 0: they write nothing, the memory parameters stay frozen through them and
-the momentum is cleared.
+Call (the mixer protocol): ``state = layer.init_state(B)``; ``y_BTD, state = layer(x_BTD, stream,
+state)`` with the call's :class:`titans_lm.nn.stream.Stream`. Documents: ``stream.starts`` marks
+document starts (a changed, non-zero segment id; a continued call does not restart at its first
+token); the memory state returns to (reset_to, 0) there (honoured at chunk starts, which the data
+pipeline guarantees for chunk sizes dividing 64) and the conv window restarts. Padding tokens
+(segment id 0) get theta = eta = alpha = 0: they write nothing, the memory parameters stay frozen
+through them and the momentum is cleared.
 
-Shapes: B batch, T tokens, D d_model, H n_heads, Dh head_dim. A state is a pair
-(params, momentum) of tuples of arrays with leading [B, H] (layout of the inner model, see
+Carried state (:class:`MemoryState`): the memory at the START of the current chunk, the chunk's
+tokens so far (keys, values, gates, reset flags: at most b - 1 = chunk_size - 1 of them) and the
+last conv_kernel - 1 pre-conv projections. A call runs the engine over [buffer || call] from the
+chunk-start state with ``state_length`` = the tokens up to the last chunk start, so it returns the
+next chunk-start state and buffers the rest: any split of a sequence into calls gives exactly the
+mini-batch semantics of one call, and a decode step (T = 1) costs O(chunk_size), constant in the
+context. A call with ``stream.fresh`` (a state that has seen no token) skips the buffer and the
+tail. A call made only of persistent tokens (segment id -1: ``LanguageModel.init_state``'s
+persistent pass, Titans sec. 3.3) leaves its end state as the chunk-start state and as the reset
+target: every document then starts from the state the persistent tokens leave, on a chunk grid
+that starts at the first real token (what a lone sequence [persistent || document] gives).
+
+Shapes: B batch, T tokens, D d_model, H n_heads, Dh head_dim. A (params, momentum) pair is a pair
+of tuples of arrays with leading [B, H] (layout of the inner model, see
 titans_lm.memory.inner_models).
 """
 
@@ -32,11 +46,61 @@ from flax import nnx
 
 from titans_lm.memory import gates as gate_fns
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.memory.documents import document_starts
 from titans_lm.memory.scan import check_resets, memory_read, memory_scan
-from titans_lm.nn.conv import causal_depthwise_conv
+from titans_lm.nn.conv import carried_causal_conv
+from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 
 State = tuple  # (params: tuple[[B, H, ...]], momentum: tuple[[B, H, ...]])
+
+
+class MemoryState(NamedTuple):
+    """The carried state of a NeuralMemory (a pytree; b = chunk_size, K = conv_kernel).
+
+    params, momentum: tuples of [B, H, ...] at the start of the current chunk (inner dtype).
+    reset_to: tuple of [B, H, ...]: what a document start restores (W0, or the state the
+      persistent tokens leave), with zero momentum.
+    buf_k, buf_v: [B, H, b - 1, Dh] keys and values of the current chunk's tokens so far;
+    buf_theta, buf_eta, buf_log_keep: [B, H, b - 1] their gates, the forget gate as
+      log(1 - alpha) (before the padding mask and the per-chunk gate choice); buf_real: bool
+      [B, b - 1] non-padding; buf_reset: bool [B, b - 1]
+      document starts. Only the first ``n_buf`` entries are meaningful.
+    n_buf: int32 [] tokens buffered: the chunk phase, (tokens seen) % b, the same in every row.
+    conv_tail: () without conv, else (q, k, v) pre-conv projections of the last K - 1 tokens,
+      [B, K - 1, H, Dh] each (compute dtype).
+    """
+
+    params: tuple
+    momentum: tuple
+    reset_to: tuple
+    buf_k: jax.Array
+    buf_v: jax.Array
+    buf_theta: jax.Array
+    buf_eta: jax.Array
+    buf_log_keep: jax.Array
+    buf_real: jax.Array
+    buf_reset: jax.Array
+    n_buf: jax.Array
+    conv_tail: tuple
+
+
+class _Tokens(NamedTuple):
+    """Per-token engine inputs before the padding mask and the per-chunk gates (time axis 2 for
+    [B, H, T, ...] and axis 1 for [B, T])."""
+
+    q: jax.Array       # [B, H, T, Dh]
+    k: jax.Array       # [B, H, T, Dh]
+    v: jax.Array       # [B, H, T, Dh]
+    theta: jax.Array   # [B, H, T]
+    eta: jax.Array     # [B, H, T]
+    log_keep: jax.Array   # [B, H, T] log(1 - alpha)
+    real: jax.Array    # bool [B, T]
+    reset: jax.Array   # bool [B, T]
+
+
+def _eager_sharding() -> bool:
+    """Shard parameters at creation only where a mesh is set (the trainer's); elsewhere a layer
+    builds without one, keeping its logical axis names as metadata."""
+    return nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
 
 
 class MemoryInputs(NamedTuple):
@@ -59,7 +123,8 @@ class MemoryInputs(NamedTuple):
 
 
 def _param(rngs, init, shape, axes, dtype):
-    return nnx.Param(nnx.with_partitioning(init, axes)(rngs.params(), shape, dtype))
+    return nnx.Param(nnx.with_partitioning(init, axes)(rngs.params(), shape, dtype),
+                     eager_sharding=_eager_sharding())
 
 
 def _const_init(value):
@@ -72,7 +137,8 @@ def _const_init(value):
 class NeuralMemory(nnx.Module):
     """Titans neural long-term memory layer (and TTT layer with ``gate_style="ttt"``).
 
-    Call: ``layer(x_BTD, segment_ids_BT=None) -> y_BTD`` (segment_ids None: one document).
+    Call (mixer protocol): ``layer.init_state(B) -> MemoryState``;
+    ``layer(x_BTD, stream, state) -> (y_BTD, MemoryState)`` (module docstring).
     Lower-level pieces for other wirings (MAC's segment loop):
     :meth:`project`, :meth:`initial_state`, :meth:`reset_state`, :meth:`scan`, :meth:`read`,
     :meth:`output`.
@@ -129,7 +195,7 @@ class NeuralMemory(nnx.Module):
         w0 = []
         for value, shape in zip(per_head, shapes):
             axes = ("heads", None, "memory") if len(shape) == 2 else ("heads", "memory")
-            w0.append(nnx.Param(value, out_sharding=axes))
+            w0.append(nnx.Param(value, out_sharding=axes, eager_sharding=_eager_sharding()))
         self.w0 = nnx.List(w0)
 
         self.norm_scale = _param(rngs, _const_init(1.0), (H, Dh), ("heads", "head_dim"), pdt)
@@ -148,46 +214,56 @@ class NeuralMemory(nnx.Module):
         return jnp.promote_types(jnp.float32, self.compute_dtype)
 
     # ----------------------------------------------------------------------------- pieces
-    def project(self, x_BTD: jax.Array, segment_ids_BT: Optional[jax.Array] = None) -> MemoryInputs:
+    def project(self, x_BTD: jax.Array, stream, conv_tail: tuple = (), *, tail_at=None
+                ) -> tuple[MemoryInputs, tuple]:
         """Queries, keys, values, gates and document resets for every head.
 
         Args:
           x_BTD: [B, T, D] layer input.
-          segment_ids_BT: int [B, T] document ids (0 = padding); None = one document.
+          stream: the call's :class:`titans_lm.nn.stream.Stream` (segment_ids, starts, positions;
+            ``titans_lm.nn.stream.make_stream``), for tokens whose chunk grid starts at token 0.
+          conv_tail: the carried pre-conv projections (``MemoryState.conv_tail``), or () for a
+            stream that starts here.
+          tail_at: None, or a token index in 0..T (may be traced): the returned conv tail is the
+            one before that token instead of after the call (``nn.conv.carried_causal_conv``).
         Returns:
-          MemoryInputs with q, k, v [B, H, T, Dh], theta, eta, alpha [B, H, T], reset bool [B, T].
+          (MemoryInputs with q, k, v [B, H, T, Dh], theta, eta, alpha [B, H, T] (padding masked,
+          per-chunk gates applied), reset bool [B, T]; the new conv tail).
         Raises:
-          ValueError: for a wrong input width or segment-id shape.
+          ValueError: for a wrong input width or stream shape.
         """
+        tokens, tail = self._tokens(x_BTD, stream, conv_tail, tail_at)
+        return self._finish(tokens), tail
+
+    def _tokens(self, x_BTD, stream, conv_tail=(), tail_at=None) -> tuple[_Tokens, tuple]:
         cfg = self.cfg
         B, T, D = self._check_input(x_BTD)
-        if segment_ids_BT is None:
-            segment_ids_BT = jnp.ones((B, T), jnp.int32)
-        if segment_ids_BT.shape != (B, T):
-            raise ValueError(f"segment_ids_BT must be [B, T] = [{B}, {T}], got {tuple(segment_ids_BT.shape)}")
+        if tuple(stream.segment_ids.shape) != (B, T):
+            raise ValueError(f"the stream is for calls of shape {tuple(stream.segment_ids.shape)}, "
+                             f"x_BTD has [B, T] = [{B}, {T}]")
         cdt, idt = self.compute_dtype, self.inner_dtype
         xc = x_BTD.astype(cdt)
-        reset = document_starts(segment_ids_BT)
+        tails = list(conv_tail) if conv_tail else [None] * 3
+        new_tails = []
 
-        def qkv(w, conv):
+        def qkv(w, conv, tail):
             y = jnp.einsum("btd,dhk->bthk", xc, w[...].astype(cdt))
             if cfg.use_conv:
-                y = causal_depthwise_conv(y, conv[...].astype(y.dtype), segment_ids_BT)
+                y, new_tail = carried_causal_conv(y, conv[...].astype(y.dtype), stream.positions,
+                                                  tail, tail_at)
+                new_tails.append(new_tail)
             return jax.nn.silu(y).astype(idt)
 
-        q = qkv(self.w_q, getattr(self, "conv_q", None))
-        k = qkv(self.w_k, getattr(self, "conv_k", None))
-        v = qkv(self.w_v, getattr(self, "conv_v", None))
+        q = qkv(self.w_q, getattr(self, "conv_q", None), tails[0])
+        k = qkv(self.w_k, getattr(self, "conv_k", None), tails[1])
+        v = qkv(self.w_v, getattr(self, "conv_v", None), tails[2])
         if cfg.qk_l2_norm:
             q, k = self._l2_normalize(q), self._l2_normalize(k)
 
         xi = x_BTD.astype(idt)
 
         def pre(w, b):
-            a = jnp.einsum("btd,dh->bth", xi, w[...].astype(idt)) + b[...].astype(idt)
-            if cfg.gate_granularity == "chunk":
-                a = gate_fns.first_of_chunk(a, cfg.chunk_size)
-            return a
+            return jnp.einsum("btd,dh->bth", xi, w[...].astype(idt)) + b[...].astype(idt)
 
         a_theta = pre(self.theta_w, self.theta_b)
         if cfg.gate_style == "titans":
@@ -197,20 +273,28 @@ class NeuralMemory(nnx.Module):
         zeros = jnp.zeros_like(theta)
         eta = (gate_fns.titans_eta(pre(self.eta_w, self.eta_b), cfg.eta_max) if cfg.use_momentum
                else zeros)
-        if cfg.use_decay:
-            a_alpha = pre(self.alpha_w, self.alpha_b)
-            alpha = jax.nn.sigmoid(a_alpha)
-            log_keep = jax.nn.log_sigmoid(-a_alpha)   # log(1 - alpha), exact near 0 and 1
-        else:
-            alpha = log_keep = zeros
-        real = (segment_ids_BT != 0)[:, :, None]
-        theta, eta, alpha, log_keep = (jnp.where(real, g, 0) for g in (theta, eta, alpha, log_keep))
+        # log(1 - alpha) = log_sigmoid(-a): exact near alpha -> 0 and -> 1, where 1 - alpha is not
+        log_keep = jax.nn.log_sigmoid(-pre(self.alpha_w, self.alpha_b)) if cfg.use_decay else zeros
 
         to_bhtd = lambda y: jnp.transpose(y, (0, 2, 1, 3))  # noqa: E731
         to_bht = lambda g: jnp.transpose(g, (0, 2, 1))  # noqa: E731
-        return MemoryInputs(q=to_bhtd(q), k=to_bhtd(k), v=to_bhtd(v), theta=to_bht(theta),
-                            eta=to_bht(eta), alpha=to_bht(alpha), reset=reset,
-                            log_keep=to_bht(log_keep))
+        tokens = _Tokens(q=to_bhtd(q), k=to_bhtd(k), v=to_bhtd(v), theta=to_bht(theta),
+                         eta=to_bht(eta), log_keep=to_bht(log_keep), real=stream.segment_ids != 0,
+                         reset=jnp.asarray(stream.starts, bool))
+        return tokens, tuple(new_tails)
+
+    def _finish(self, t: _Tokens) -> MemoryInputs:
+        """Per-chunk gates (gate_granularity "chunk": a gate is elementwise in its
+        pre-activation, so taking the chunk's first gate equals gating its first pre-activation)
+        and the padding mask, for tokens whose chunk grid starts at index 0."""
+        gates = (t.theta, t.eta, t.log_keep)
+        if self.cfg.gate_granularity == "chunk":
+            gates = tuple(gate_fns.first_of_chunk(jnp.swapaxes(g, 1, 2), self.cfg.chunk_size)
+                          .swapaxes(1, 2) for g in gates)
+        real = t.real[:, None, :]
+        theta, eta, log_keep = (jnp.where(real, g, 0) for g in gates)
+        return MemoryInputs(q=t.q, k=t.k, v=t.v, theta=theta, eta=eta, alpha=-jnp.expm1(log_keep),
+                            reset=t.reset, log_keep=log_keep)
 
     def initial_params(self) -> tuple:
         """The learned per-head initial memory parameters W0: tuple of [H, ...] (inner dtype)."""
@@ -230,7 +314,8 @@ class NeuralMemory(nnx.Module):
                 tuple(sel(reset_B, i, m) for i, m in zip(init_momentum, momentum)))
 
     def scan(self, state: State, q, k, v, theta, eta, alpha, reset=None, *,
-             read: Optional[str] = None, reset_to: Optional[tuple] = None, log_keep=None):
+             read: Optional[str] = None, reset_to: Optional[tuple] = None, state_length=None,
+             log_keep=None):
         """Write every token into the memory and read every query (vmapped engine).
 
         Args:
@@ -239,6 +324,8 @@ class NeuralMemory(nnx.Module):
           read: "after_write" | "chunk_start"; None uses cfg.read.
           reset_to: parameters with leading [B, H] that a reset (at a chunk start) restores,
             with zero momentum; None restores the learned W0 (not the given state).
+          state_length: None, or an int scalar (may be traced) shared by all rows: return the
+            state after that many tokens (``memory_scan``'s ``state_length``).
           log_keep: [B, H, T] log(1 - alpha) (MemoryInputs.log_keep), used instead of alpha.
         Returns:
           (reads [B, H, T, Dh], final state) in the inner dtype.
@@ -256,6 +343,8 @@ class NeuralMemory(nnx.Module):
         options = {"chunks_per_checkpoint": cfg.chunks_per_checkpoint} if cfg.impl == "chunked" else {}
         if cfg.read_running_mean:
             options["running_mean"] = True
+        if state_length is not None:
+            options["state_length"] = state_length
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
@@ -267,10 +356,10 @@ class NeuralMemory(nnx.Module):
         over_batch = jax.vmap(over_heads)
         idt = self.inner_dtype
         cast = lambda xs: tuple(x.astype(idt) for x in xs)  # noqa: E731
-        lk = None if log_keep is None else log_keep.astype(idt)
         reads, (P, S) = over_batch(cast(params), cast(momentum), k.astype(idt), v.astype(idt),
                                    q.astype(idt), theta.astype(idt), eta.astype(idt),
-                                   alpha.astype(idt), reset, cast(reset_to), lk)
+                                   alpha.astype(idt), reset, cast(reset_to),
+                                   None if log_keep is None else log_keep.astype(idt))
         return reads, (P, S)
 
     def read(self, state: State, q_BHTD: jax.Array) -> jax.Array:
@@ -291,13 +380,109 @@ class NeuralMemory(nnx.Module):
             r = r * jax.nn.silu(gate)
         return jnp.einsum("bthk,hkd->btd", r, self.w_out[...].astype(cdt))
 
-    def __call__(self, x_BTD: jax.Array, segment_ids_BT: Optional[jax.Array] = None) -> jax.Array:
-        """y_BTD = output(scan(initial_state, project(x)), x): [B, T, D] -> [B, T, D]."""
-        inputs = self.project(x_BTD, segment_ids_BT)
-        reads, _ = self.scan(self.initial_state(x_BTD.shape[0]), inputs.q, inputs.k, inputs.v,
-                             inputs.theta, inputs.eta, inputs.alpha, inputs.reset,
-                             log_keep=inputs.log_keep)
-        return self.output(reads, x_BTD)
+    def init_state(self, batch_size: int) -> MemoryState:
+        """The state of a stream that has seen nothing: (W0, 0) at a chunk start, reset to W0,
+        an empty buffer and a zero conv tail.
+
+        Raises:
+          ValueError: for batch_size < 1.
+        """
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        cfg, B = self.cfg, int(batch_size)
+        params, momentum = self.initial_state(B)
+        H, Dh, n = cfg.n_heads, cfg.head_dim, cfg.chunk_size - 1
+        idt = self.inner_dtype
+        tail = ()
+        if cfg.use_conv:
+            tail = tuple(jnp.zeros((B, cfg.conv_kernel - 1, H, Dh), self.compute_dtype)
+                         for _ in range(3))
+        return MemoryState(params=params, momentum=momentum, reset_to=params,
+                           buf_k=jnp.zeros((B, H, n, Dh), idt), buf_v=jnp.zeros((B, H, n, Dh), idt),
+                           buf_theta=jnp.zeros((B, H, n), idt), buf_eta=jnp.zeros((B, H, n), idt),
+                           buf_log_keep=jnp.zeros((B, H, n), idt), buf_real=jnp.zeros((B, n), bool),
+                           buf_reset=jnp.zeros((B, n), bool), n_buf=jnp.zeros((), jnp.int32),
+                           conv_tail=tail)
+
+    def __call__(self, x_BTD: jax.Array, stream, state: MemoryState
+                 ) -> tuple[jax.Array, MemoryState]:
+        """One call of a stream: y_BTD and the state after it (module docstring).
+
+        Args:
+          x_BTD: [B, T, D] layer input.
+          stream: the call's :class:`titans_lm.nn.stream.Stream`.
+          state: the :class:`MemoryState` before the call (``init_state(B)`` for a new stream).
+        Returns:
+          (y_BTD [B, T, D] in the compute dtype, the MemoryState after the call). Equal, for any
+          split of a sequence into consecutive calls, to one call over the whole sequence.
+        Raises:
+          ValueError: for a wrong input width or stream shape.
+        """
+        cfg = self.cfg
+        b = cfg.chunk_size
+        B, T, _ = self._check_input(x_BTD)
+        fresh = bool(getattr(stream, "fresh", False))
+        tokens, tail = self._tokens(x_BTD, stream, () if fresh else state.conv_tail)
+        prefix = jnp.all(stream.segment_ids == PERSISTENT_SEGMENT_ID)   # the persistent pass
+        if fresh:   # static: no buffer, the chunk grid starts at token 0
+            n, seq = 0, tokens
+        else:
+            n = state.n_buf
+            seq = self._with_buffer(state, tokens, n)
+        m = n + T                    # tokens of the current chunk grid, buffered ones included
+        n_next = m % b               # tokens after the last chunk start
+        if fresh and T % b == 0:     # static: the call ends on a chunk boundary
+            length = None
+        else:
+            length = jnp.where(prefix, m, m - n_next)
+        inputs = self._finish(seq)
+        reads, (P, S) = self.scan((state.params, state.momentum), inputs.q, inputs.k, inputs.v,
+                                  inputs.theta, inputs.eta, inputs.alpha, inputs.reset,
+                                  reset_to=state.reset_to, state_length=length,
+                                  log_keep=inputs.log_keep)
+        if not fresh:
+            reads = jax.lax.dynamic_slice_in_dim(reads, n, T, axis=2)
+        y = self.output(reads, x_BTD)
+        new_state = self._next_state(state, seq, P, S, m - n_next, prefix, n_next, tail)
+        return y, new_state
+
+    def _with_buffer(self, state: MemoryState, t: _Tokens, n) -> _Tokens:
+        """[buffer || call] of static length b - 1 + T, the call placed at the dynamic index n."""
+        T = t.q.shape[2]
+        buf = _Tokens(q=jnp.zeros_like(state.buf_k), k=state.buf_k, v=state.buf_v,
+                      theta=state.buf_theta, eta=state.buf_eta, log_keep=state.buf_log_keep,
+                      real=state.buf_real, reset=state.buf_reset)
+
+        def place(axis):
+            def fn(b_, x):
+                widths = [(0, 0)] * b_.ndim
+                widths[axis] = (0, T)
+                return jax.lax.dynamic_update_slice_in_dim(jnp.pad(b_, widths), x.astype(b_.dtype),
+                                                           n, axis)
+            return fn
+
+        return _Tokens(*(place(2 if i < 6 else 1)(bf, x) for i, (bf, x) in enumerate(zip(buf, t))))
+
+    def _next_state(self, state: MemoryState, seq: _Tokens, P, S, start, prefix, n_next, tail
+                    ) -> MemoryState:
+        """Buffer the tokens of seq from ``start`` on (b - 1 slots); a persistent pass makes its
+        end state the chunk-start state and the reset target, with an empty buffer."""
+        nb = self.cfg.chunk_size - 1
+
+        def window(x, axis):
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, nb)
+            return jax.lax.dynamic_slice_in_dim(jnp.pad(x, widths), start, nb, axis)
+
+        w = _Tokens(*(window(x, 2 if i < 6 else 1) for i, x in enumerate(seq)))
+        reset_to = tuple(jnp.where(prefix, p, r) for p, r in zip(P, state.reset_to))
+        idt = self.inner_dtype
+        return MemoryState(params=tuple(P), momentum=tuple(S), reset_to=reset_to,
+                           buf_k=w.k.astype(idt), buf_v=w.v.astype(idt),
+                           buf_theta=w.theta.astype(idt), buf_eta=w.eta.astype(idt),
+                           buf_log_keep=w.log_keep.astype(idt), buf_real=w.real, buf_reset=w.reset,
+                           n_buf=jnp.where(prefix, 0, n_next).astype(jnp.int32),
+                           conv_tail=tuple(tail))
 
     # ----------------------------------------------------------------------------- helpers
     def _l2_normalize(self, x):

@@ -19,7 +19,8 @@ of the saved states, which the kernel computes in float32). The backward pass is
 kernel: forward + backward gains only the forward pass's share of the time.
 
 Problems outside the kernels' shapes (:mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log
-the reason once. ``auto_scan`` (``impl="auto"``) is ``pallas`` on GPU and TPU, ``chunked`` on CPU.
+the reason once. A call with ``state_length`` (a carried memory's continued call) runs ``chunked``
+as well: the kernel returns the state after the last token only. ``auto_scan`` (``impl="auto"``) is ``pallas`` on GPU and TPU, ``chunked`` on CPU.
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ kernel_scan.defvjp(_kernel_scan_fwd, _kernel_scan_bwd)
 def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                 backend: str | None = None, interpret: bool | None = None,
-                precision: str = "highest", running_mean: bool = False, log_keep=None):
+                precision: str = "highest", running_mean: bool = False, log_keep=None,
+                state_length=None):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -215,8 +217,14 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
       ValueError: for an unknown backend or precision, chunks_per_checkpoint < 1,
         interpret=False with a lowering this platform cannot compile, or "tf32x3" outside the
         compiled Triton kernel.
-    Unsupported problems (see :mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log why.
+    Unsupported problems (see :mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log why;
+    so does a call with ``state_length`` (silently: it is the carried-state path by design).
     """
+    if state_length is not None:
+        return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
+                            chunk_size=chunk_size, read=read, reset_to=reset_to,
+                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
+                            log_keep=log_keep, state_length=state_length)
     backend, interpret = resolve_backend(backend, interpret, jax.default_backend())
     plan = make_plan(model, params0, k.dtype, seq_len=k.shape[0], chunk_size=chunk_size, read=read,
                      chunks_per_checkpoint=chunks_per_checkpoint, backend=backend,
@@ -240,7 +248,7 @@ def auto_choice(platform: str) -> str:
 
 def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
-              running_mean: bool = False, log_keep=None, **pallas_options):
+              running_mean: bool = False, log_keep=None, state_length=None, **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs.
@@ -249,8 +257,8 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
-                           log_keep=log_keep, **pallas_options)
+                           log_keep=log_keep, state_length=state_length, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
-                        log_keep=log_keep)
+                        log_keep=log_keep, state_length=state_length)

@@ -9,7 +9,9 @@ current chunk. At token t (Titans eqs. 12-14, mini-batch size b = chunk_size):
     P   = (1 - alpha_t) P + S                               (or exp(log_keep_t) P + S)
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
 
-(see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads).
+(see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads). With
+``state_length`` L the scan also carries the state after token L - 1 (the initial state for
+L = 0), which it returns instead of the final one; the reads are those of all T tokens.
 
 The backward pass of this scan stores the carried weights at every token; it exists to be
 obviously correct, not fast.
@@ -25,7 +27,7 @@ from titans_lm.memory.inner_models import InnerModel
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
-                   log_keep=None):
+                   log_keep=None, state_length=None):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -33,15 +35,18 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     the scan also carries the gradient part (Pg, Sg) of the state since the chunk start (the same
     recurrence from (0, 0); the state is linear in it) and reads token t (position j in its chunk)
     through P + (b / (j + 1) - 1) Pg: the gradients so far weighted by 1 / (j + 1) instead of the
-    1 / b in theta (TTT's running mean).
+    1 / b in theta (TTT's running mean). ``state_length`` is None or an int32 scalar in 0..T,
+    possibly traced.
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(model.loss)
     outer = model.outer_params()
     keep_all = 1 - alpha if log_keep is None else jnp.exp(log_keep)
+    T = k.shape[0]
+    keep_until = T if state_length is None else state_length
 
     def step(carry, x):
-        P, S, P_start, Pg, Sg = carry
+        (P, S, P_start, Pg, Sg), (P_keep, S_keep) = carry
         t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t = x
         at_start = t % chunk_size == 0
         restart = at_start & reset_t
@@ -62,9 +67,12 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         else:
             P_read = P
         y = model.apply(P_read if read == "after_write" else P_start, q_t)
-        return (P, S, P_start, Pg, Sg), y
+        kept = t < keep_until
+        P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P, P_keep))
+        S_keep = tuple(jnp.where(kept, s, s_k) for s, s_k in zip(S, S_keep))
+        return ((P, S, P_start, Pg, Sg), (P_keep, S_keep)), y
 
     P0, S0 = tuple(params0), tuple(momentum0)
-    xs = (jnp.arange(k.shape[0]), k, v, q, theta, eta, keep_all, reset)
-    (P, S, _, _, _), reads = jax.lax.scan(step, (P0, S0, P0, zeros, zeros), xs)
-    return reads, (P, S)
+    xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset)
+    ((P, S, _, _, _), kept), reads = jax.lax.scan(step, ((P0, S0, P0, zeros, zeros), (P0, S0)), xs)
+    return reads, ((P, S) if state_length is None else kept)

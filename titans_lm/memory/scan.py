@@ -6,12 +6,14 @@ reads, the final state and every gradient. Adding one is one line in ``IMPLEMENT
 :func:`register_implementation`. An implementation is called as
 
     fn(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model, chunk_size, read,
-       reset_to, **impl_options) -> (reads [T, d_v], (params_T, momentum_T))
+       reset_to, [state_length,] **impl_options) -> (reads [T, d_v], (params_L, momentum_L))
 
 with validated inputs: tuples of arrays for the states, one floating dtype for everything, an
 :class:`~titans_lm.memory.inner_models.InnerModel` spec for ``model`` and a [T] bool ``reset``;
-``running_mean=True`` and ``log_keep`` (a [T] array) arrive as keyword arguments only when the
-caller sets them (built-in implementations take both; ``alpha`` is then still an array).
+``running_mean=True``, ``log_keep`` (a [T] array) and ``state_length`` (an int32 scalar, possibly
+traced) arrive as keyword arguments only when the caller sets them (built-in implementations take
+``running_mean`` and ``log_keep``; ``alpha`` is then still an array). An implementation that
+supports ``state_length`` returns the state after that many tokens.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def check_resets(reset, chunk_size: int) -> None:
 
 def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerModel | str,
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
-                reset_to=None, running_mean: bool = False, log_keep=None, **impl_options):
+                reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
+                **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -168,10 +171,18 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         pre-activation a: log_sigmoid(-a)); when given it is used for every decay product and
         its gradient, and alpha is ignored. Keeps the precision that 1 - alpha loses in float32
         near alpha -> 0 and -> 1.
+      state_length: None, or the number L of leading tokens whose state is returned: an int in
+        0..T, or an integer scalar that may be traced (values outside 0..T are clipped). The
+        reads are still those of all T tokens (causal); the returned state is the one after token
+        L - 1 (before any reset of token L), (params0, momentum0) for L = 0. A carried memory
+        uses it to return the state at the start of the chunk that a call ends inside.
+        Supported by "reference" and "chunked"; "pallas" (and "auto" on GPU/TPU) run "chunked"
+        when it is given.
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
     Returns:
-      (reads [T, d_v], (params_T, momentum_T)): the state after the last token, in the common
-      floating dtype of the inputs (float32 or float64).
+      (reads [T, d_v], (params_L, momentum_L)): the state after the last token (after the first
+      ``state_length`` tokens when given), in the common floating dtype of the inputs (float32
+      or float64).
     Raises:
       ValueError: naming the first bad argument (shapes, ranks, chunk size, read mode, impl,
         parameter layout; outside jit also gate ranges and resets off chunk starts).
@@ -217,6 +228,18 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         raise ValueError(f"read must be one of {READ_MODES}, got {read!r}")
     check_gates(theta, eta, None if log_keep is not None else alpha, log_keep)
     check_resets(reset, chunk_size)
+    if state_length is not None:
+        if isinstance(state_length, bool):
+            raise ValueError(f"state_length must be an integer, got {state_length!r}")
+        if isinstance(state_length, int):
+            if not 0 <= state_length <= T:
+                raise ValueError(f"state_length must be in 0..T = 0..{T}, got {state_length}")
+        elif jnp.ndim(state_length) != 0 or not jnp.issubdtype(jnp.result_type(state_length),
+                                                                jnp.integer):
+            raise ValueError(f"state_length must be an integer scalar, got "
+                             f"{getattr(state_length, 'dtype', type(state_length))} of shape "
+                             f"{jnp.shape(state_length)}")
+        impl_options["state_length"] = state_length
     fn = get_implementation(impl)
 
     arrays = (k, v, q, theta, eta, alpha) + params0 + momentum0 + reset_to

@@ -1,11 +1,12 @@
 """Pre-norm residual block shared by every backbone (Transformer++, as in the TTT and Titans papers'
 baselines):
 
-    x <- x + mixer(RMSNorm(x), segment_ids)
+    x <- x + mixer(RMSNorm(x), stream, state)
     x <- x + SwiGLU(RMSNorm(x))
 
-The token mixer is any module with ``mixer(x_BTD, segment_ids_BT) -> y_BTD`` (attention, a
-test-time-learning memory, a hybrid), so a backbone is a choice of mixer per block.
+The token mixer is any module with the mixer protocol (attention, a test-time-learning memory, a
+hybrid): ``mixer.init_state(B) -> state`` and ``mixer(x_BTD, stream, state) -> (y_BTD, state)``
+(``stream`` from ``titans_lm.nn.stream``), so a backbone is a choice of mixer per block.
 """
 
 from __future__ import annotations
@@ -16,20 +17,22 @@ from flax import nnx
 
 from titans_lm.nn.mlp import SwiGLU
 from titans_lm.nn.norm import RMSNorm
+from titans_lm.nn.stream import Stream
 
 
 class Block(nnx.Module):
-    """Pre-norm block: ``block(x_BTD, segment_ids_BT) -> x_BTD``.
+    """Pre-norm block: ``block.init_state(B)``; ``block(x_BTD, stream, state) -> (x_BTD, state)``.
 
     Args:
-      mixer: token mixer module, ``mixer(x_BTD, segment_ids_BT) -> y_BTD``.
+      mixer: token mixer module with the mixer protocol (module docstring).
       d_model: D; d_ff: SwiGLU hidden width.
       norm_eps: RMSNorm epsilon.
       dtype: compute dtype; param_dtype: parameter storage dtype.
       init_std: std of the MLP input projections; out_init_std: std of its output projection.
       rngs: nnx.Rngs.
 
-    Submodules: ``mixer_norm``, ``mixer``, ``mlp_norm``, ``mlp``.
+    Submodules: ``mixer_norm``, ``mixer``, ``mlp_norm``, ``mlp``. The block's state is its
+    mixer's (the MLP is per token).
     """
 
     def __init__(self, mixer: nnx.Module, *, d_model: int, d_ff: int, norm_eps: float = 1e-6,
@@ -41,6 +44,11 @@ class Block(nnx.Module):
         self.mlp = SwiGLU(d_model, d_ff, dtype=dtype, param_dtype=param_dtype, init_std=init_std,
                           out_init_std=out_init_std, rngs=rngs)
 
-    def __call__(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
-        x_BTD = x_BTD + self.mixer(self.mixer_norm(x_BTD), segment_ids_BT).astype(x_BTD.dtype)
-        return x_BTD + self.mlp(self.mlp_norm(x_BTD)).astype(x_BTD.dtype)
+    def init_state(self, batch_size: int):
+        """The mixer's fresh state."""
+        return self.mixer.init_state(batch_size)
+
+    def __call__(self, x_BTD: jax.Array, stream: Stream, state) -> tuple[jax.Array, object]:
+        y_BTD, state = self.mixer(self.mixer_norm(x_BTD), stream, state)
+        x_BTD = x_BTD + y_BTD.astype(x_BTD.dtype)
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD)).astype(x_BTD.dtype), state

@@ -1,9 +1,20 @@
 """The language-model shell shared by every backbone:
 
-    tokens -> embedding -> [persistent prefix] -> blocks -> RMSNorm -> [strip prefix] -> LM head -> logits
+    tokens -> embedding -> blocks -> RMSNorm -> LM head -> logits
 
-A backbone supplies ``make_mixer(layer, rngs) -> mixer`` (the token mixer of each block) and,
-optionally, a number of persistent-memory tokens (Titans section 3.3). The head is the transposed
+with an explicit carried state (one interface for every backbone):
+
+    state = model.init_state(B)                       # LMState: stream context + one state per block
+    logits_BTV, state = model(tokens_BT, segment_ids_BT, state)
+    logits_BTV = model(tokens_BT, segment_ids_BT)     # training path: the stateful call from
+                                                      # init_state(B), state dropped
+
+A call over [w1 || w2] equals the call over w1 followed by the call over w2 with the returned state
+(documents are given by the segment ids across calls, ``titans_lm.nn.stream``). A backbone supplies
+``make_mixer(layer, rngs) -> mixer`` (the token mixer of each block, with the mixer protocol of
+``titans_lm.models.blocks``) and, optionally, a number of persistent-memory tokens (Titans section
+3.3): ``init_state`` runs the blocks over them (segment id -1), so every stream starts from the
+state they leave and the real tokens alone are processed by each call. The head is the transposed
 embedding (tied) or a separate [D, V] matrix (untied), by ``tie_embeddings``.
 
 Init (GPT-2/GPT-3 style): embeddings, the untied head and input projections N(0, init_std^2);
@@ -15,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +36,8 @@ from titans_lm.models.blocks import Block
 from titans_lm.nn.dtypes import logits_dtype, to_dtype
 from titans_lm.nn.init import normal_param, scaled_out_std
 from titans_lm.nn.norm import RMSNorm
-from titans_lm.nn.persistent import PersistentMemory, strip_persistent
+from titans_lm.nn.persistent import PersistentMemory
+from titans_lm.nn.stream import Stream, StreamState, fresh_stream_state, make_stream
 
 MixerFactory = Callable[[int, nnx.Rngs], nnx.Module]
 
@@ -41,6 +54,17 @@ def check_model_config(model_cfg, fields=SHELL_FIELDS) -> None:
                          f"{missing}; set them in configs/<backbone>.py")
 
 
+class LMState(NamedTuple):
+    """The carried state of a LanguageModel (a pytree of arrays).
+
+    stream: the stream context (``titans_lm.nn.stream.StreamState``).
+    layers: tuple of one mixer state per block, in block order.
+    """
+
+    stream: StreamState
+    layers: tuple
+
+
 def count_params(model) -> int:
     """Number of scalar parameters (``nnx.Param`` leaves) of a model, concrete or abstract."""
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
@@ -48,30 +72,33 @@ def count_params(model) -> int:
 
 
 class LanguageModel(nnx.Module):
-    """Decoder-only LM: ``model(tokens_BT, segment_ids_BT) -> logits_BTV``.
+    """Decoder-only LM: ``model(tokens_BT, segment_ids_BT[, state])`` (module docstring).
 
     Args:
       vocab_size: V. d_model: D. n_layers: number of blocks. d_ff: SwiGLU hidden width.
-      make_mixer: ``make_mixer(layer_index, rngs) -> mixer`` with ``mixer(x_BTD, segment_ids_BT)
-        -> y_BTD``; it should use ``scaled_out_std(init_std, n_layers)`` for its output projection.
+      make_mixer: ``make_mixer(layer_index, rngs) -> mixer`` with ``mixer.init_state(B)`` and
+        ``mixer(x_BTD, stream, state) -> (y_BTD, state)``; it should use
+        ``scaled_out_std(init_std, n_layers)`` for its output projection.
       tie_embeddings: LM head = embedding^T (True) or its own [D, V] matrix ("embed", "vocab").
       norm_eps: RMSNorm epsilon. init_std: base init std.
       dtype: compute dtype name or dtype ("float32" | "bfloat16" | "float64").
       param_dtype: parameter dtype (float32; float64 for numerical tests under enable_x64).
       remat: "none" or "block" (``nnx.remat`` around each block: recompute its activations in the
         backward pass).
-      n_persistent: number of persistent-memory tokens prepended after the embedding (0 = none).
+      n_persistent: number of persistent-memory tokens fed before every stream (0 = none).
       rngs: nnx.Rngs.
 
     Call:
-      tokens_BT: int [B, T] token ids in [0, V); segment_ids_BT: int [B, T] (0 = padding, a new
-      document wherever the id changes). Returns float32 logits [B, T, V] (float64 when computing in
-      float64). Padding positions get finite logits. Attention and RoPE positions restart at each
-      document start (derived from the segment ids inside the mixers). The residual stream between
-      blocks is float32 whatever the compute dtype.
+      tokens_BT: int [B, T] token ids in [0, V), T >= 1; segment_ids_BT: int [B, T] (0 = padding,
+      a new document wherever the id changes, also across calls); state: an ``LMState`` from
+      ``init_state(B)`` or a previous call, or None. Returns float32 logits [B, T, V] (float64 when
+      computing in float64) and, when a state was given, the state after the call. Padding
+      positions get finite logits. Attention and RoPE positions restart at each document start.
+      The residual stream between blocks is float32 whatever the compute dtype.
 
     Raises:
-      ValueError: on invalid sizes, remat mode or dtype, or on ill-shaped inputs.
+      ValueError: on invalid sizes, remat mode or dtype, on ill-shaped inputs, or a state of
+        another batch size.
     """
 
     def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, d_ff: int,
@@ -119,7 +146,36 @@ class LanguageModel(nnx.Module):
                    param_dtype=model_cfg.get("param_dtype", "float32"), remat=model_cfg.remat,
                    n_persistent=n_persistent, rngs=rngs)
 
-    def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
+    def init_state(self, batch_size: int) -> LMState:
+        """The state a stream starts from: every mixer's ``init_state`` after the persistent
+        prefix (if any) has been run through the blocks as one call (stream position then reset
+        to 0, see ``titans_lm.nn.stream``). Traceable (under jit) and cheap: N_p tokens.
+
+        Raises:
+          ValueError: for batch_size < 1.
+        """
+        stream_state = fresh_stream_state(batch_size)
+        layers = tuple(block.init_state(batch_size) for block in self.blocks)
+        if self.persistent is not None:
+            x_BPD, ids_BP = self.persistent(batch_size, logits_dtype(self.dtype))
+            stream, stream_state = make_stream(ids_BP, stream_state, fresh=True)
+            _, layers = self._blocks(x_BPD, stream, layers)
+            stream_state = stream_state._replace(position=jnp.zeros((), jnp.int32))
+        return LMState(stream_state, layers)
+
+    def _blocks(self, x_BTD: jax.Array, stream: Stream, layers: tuple) -> tuple[jax.Array, tuple]:
+        new_layers = []
+        for block, layer_state in zip(self.blocks, layers):
+            if self.remat == "block":
+                x_BTD, layer_state = nnx.remat(lambda blk, x, s, st: blk(x, s, st))(
+                    block, x_BTD, stream, layer_state)
+            else:
+                x_BTD, layer_state = block(x_BTD, stream, layer_state)
+            new_layers.append(layer_state)
+        return x_BTD, tuple(new_layers)
+
+    def __call__(self, tokens_BT: jax.Array, segment_ids_BT: jax.Array,
+                 state: LMState | None = None):
         tokens_BT, segment_ids_BT = jnp.asarray(tokens_BT), jnp.asarray(segment_ids_BT)
         if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
             raise ValueError(f"tokens must be an integer array [B, T], got {tokens_BT.dtype} "
@@ -127,24 +183,24 @@ class LanguageModel(nnx.Module):
         if segment_ids_BT.shape != tokens_BT.shape:
             raise ValueError(f"segment_ids shape {segment_ids_BT.shape} differs from tokens shape "
                              f"{tokens_BT.shape}")
+        stateless = state is None
+        if stateless:
+            state = self.init_state(tokens_BT.shape[0])
+        elif not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
+            raise ValueError("state must be the LMState of this model (model.init_state(B) or the "
+                             "state a previous call returned)")
+        stream, stream_state = make_stream(segment_ids_BT, state.stream, fresh=stateless)
         # The residual stream is kept in float32 (float64 in float64 mode) even when computing in
         # bfloat16 (the embedding lookup is done in that dtype): the norms, mixers and MLPs run in
         # the compute dtype, their outputs are added to the stream at full precision.
-        x_BTD = self.embed(tokens_BT)
-        if self.persistent is not None:
-            x_BTD, segment_ids_BT = self.persistent(x_BTD, segment_ids_BT)
-        for block in self.blocks:
-            if self.remat == "block":
-                x_BTD = nnx.remat(lambda blk, x, s: blk(x, s))(block, x_BTD, segment_ids_BT)
-            else:
-                x_BTD = block(x_BTD, segment_ids_BT)
+        x_BTD, layers = self._blocks(self.embed(tokens_BT), stream, state.layers)
         x_BTD = self.final_norm(x_BTD)
-        if self.persistent is not None:
-            x_BTD = strip_persistent(x_BTD, self.n_persistent)
         out_dt = logits_dtype(self.dtype)
         x_BTD = x_BTD.astype(self.dtype)
         if self.tie_embeddings:
-            return jnp.einsum("btd,vd->btv", x_BTD, self.embed.embedding[...].astype(self.dtype),
-                              preferred_element_type=out_dt)
-        return jnp.einsum("btd,dv->btv", x_BTD, self.head[...].astype(self.dtype),
-                          preferred_element_type=out_dt)
+            logits = jnp.einsum("btd,vd->btv", x_BTD, self.embed.embedding[...].astype(self.dtype),
+                                preferred_element_type=out_dt)
+        else:
+            logits = jnp.einsum("btd,dv->btv", x_BTD, self.head[...].astype(self.dtype),
+                                preferred_element_type=out_dt)
+        return logits if stateless else (logits, LMState(stream_state, layers))

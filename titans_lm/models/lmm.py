@@ -7,7 +7,7 @@ default, 1..4), momentum (surprise, eta_t), forget gate (weight decay, alpha_t),
 per-token gates, SiLU + l2-normalised q and k, causal short convolution, output gate, mini-batch
 (chunk) gradient descent. ``n_persistent`` persistent tokens are prepended to the sequence
 (section 3.3); the memory writes them first, so every document starts from the memory state they
-leave (see ``titans_lm.models.memory_mixer.prefixed_memory``); they carry no loss.
+leave (see ``titans_lm.models.memory_mixer.MemoryMixer``); they carry no loss.
 
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_persistent`` and ``memory``.
 """

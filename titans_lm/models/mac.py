@@ -22,8 +22,16 @@ Documents: the memory state resets to (W0, 0) at every document start (the data 
 documents at multiples of 64; chunk sizes that divide 64 make them chunk starts, and
 ``segment_len`` must be a multiple of the chunk size). A token whose document started inside the
 current segment retrieves from W0, not from the state of the previous document. The short
-convolution on the write's keys/values carries the last ``conv_kernel - 1`` attention outputs across
-segment boundaries, restarting at document starts, so segments do not change it.
+convolution on the write's queries/keys/values carries the projections of the last
+``conv_kernel - 1`` attention outputs across segment boundaries, restarting at document starts, so
+segments do not change it.
+
+Carried state (the mixer protocol, ``MACMixer.init_state`` / ``mixer(x, stream, state)``): the
+memory state at the current segment's start, the current segment's mixer inputs so far and the
+conv tails before it. A call runs [current segment so far || call] again from that state, so a
+stream cut anywhere (inside a chunk, inside a segment) gives exactly the outputs of one call, and a
+decode step costs one segment's work, constant in the context. MAC's persistent tokens are
+parameters of its attention and need no state.
 
 Layers listed by ``memory_layers`` ("all" by default) are MAC layers; the others run the same
 segment attention over [persistent || segment] without a memory.
@@ -36,13 +44,13 @@ Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads``, ``rope_t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from titans_lm.memory.layer import MemoryInputs, NeuralMemory
+from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
 from titans_lm.models.memory_mixer import make_memory, memory_config, memory_layer_indices
 from titans_lm.models.registry import register
@@ -50,7 +58,6 @@ from titans_lm.nn.context_attention import ContextAttention
 from titans_lm.nn.dtypes import to_dtype
 from titans_lm.nn.gated_combine import GatedCombine
 from titans_lm.nn.init import scaled_out_std
-from titans_lm.nn.segments import document_ids, segment_positions
 
 MAC_FIELDS = ("n_heads", "rope_theta", "segment_len", "n_persistent", "memory_layers", "memory")
 
@@ -66,8 +73,87 @@ def _to_segments(a: jax.Array, axis: int, seg: int) -> jax.Array:
     return jnp.moveaxis(a.reshape(shape), axis, 0)
 
 
+class SegmentBuffer(NamedTuple):
+    """The current (partial) segment's tokens so far, which the next call runs again.
+
+    x: [B, N - 1, D] mixer inputs (float32, or the compute dtype when wider); segment_ids, doc_ids, positions: int32 [B, N - 1] and starts:
+    bool [B, N - 1] their ``Stream`` fields; n: int32 [] how many (the same in every row).
+    """
+
+    x: jax.Array
+    segment_ids: jax.Array
+    doc_ids: jax.Array
+    positions: jax.Array
+    starts: jax.Array
+    n: jax.Array
+
+
+class MACState(NamedTuple):
+    """A MAC layer's carried state.
+
+    memory: (params, momentum) tuples of [B, H, ...] at the current segment's start.
+    segment: the current segment's tokens so far (:class:`SegmentBuffer`).
+    retrieval_tail, write_tail: the memory's conv tails (pre-conv q/k/v projections of the K - 1
+      tokens before the current segment) of the retrieval projection (of x) and of the write
+      projection (of the attention output y); () without conv.
+    """
+
+    memory: tuple
+    segment: SegmentBuffer
+    retrieval_tail: tuple
+    write_tail: tuple
+
+
+def _empty_buffer(batch_size: int, segment_len: int, d_model: int, dtype) -> SegmentBuffer:
+    """No tokens yet; x is kept in float32 or wider (the mixer input's dtype round-trips)."""
+    B, n = batch_size, segment_len - 1
+    dtype = jnp.promote_types(dtype, jnp.float32)
+    ints = jnp.zeros((B, n), jnp.int32)
+    return SegmentBuffer(x=jnp.zeros((B, n, d_model), dtype), segment_ids=ints, doc_ids=ints,
+                         positions=ints, starts=jnp.zeros((B, n), bool), n=jnp.zeros((), jnp.int32))
+
+
+def _extended(x_BTD: jax.Array, stream, buf: SegmentBuffer, N: int):
+    """[current segment so far || call], padded to whole segments of N, as (x, Stream, n, E):
+    n the call's index in it (0 for a fresh stream, static) and E the static length.
+
+    Padding: segment id 0 (writes nothing), outputs dropped; it only ever follows real tokens."""
+    T = x_BTD.shape[1]
+    fields = (x_BTD, stream.segment_ids, stream.doc_ids, stream.positions,
+              jnp.asarray(stream.starts, bool))
+    if stream.fresh:
+        n, E = 0, math.ceil(T / N) * N
+        ext = tuple(_pad_time(a, E) for a in fields)
+    else:
+        n, E = buf.n, math.ceil((N - 1 + T) / N) * N
+        ext = tuple(jax.lax.dynamic_update_slice_in_dim(_pad_time(b, E), a.astype(b.dtype), n, 1)
+                    for b, a in zip(buf[:5], fields))
+    x, seg, doc, pos, starts = ext
+    return x, stream._replace(segment_ids=seg, doc_ids=doc, positions=pos, starts=starts), n, E
+
+
+def _next_buffer(x_ext, stream_ext, start, n_next, N: int) -> SegmentBuffer:
+    """The tokens of the extended call from ``start`` on (N - 1 slots), ``n_next`` of them real."""
+    def window(a):
+        return jax.lax.dynamic_slice_in_dim(_pad_time(a, a.shape[1] + N - 1), start, N - 1, 1)
+
+    return SegmentBuffer(x=window(x_ext), segment_ids=window(stream_ext.segment_ids),
+                         doc_ids=window(stream_ext.doc_ids), positions=window(stream_ext.positions),
+                         starts=window(stream_ext.starts),
+                         n=jnp.asarray(n_next, jnp.int32))
+
+
+def _segment_stream(stream, ids, starts, pos):
+    return stream._replace(segment_ids=ids, doc_ids=ids, starts=starts, positions=pos)
+
+
 class MACMixer(nnx.Module):
-    """``mixer(x_BTD, segment_ids_BT) -> o_BTD``: one MAC layer (see module docstring).
+    """One MAC layer on the mixer protocol (see module docstring).
+
+    ``mixer.init_state(B) -> MACState``; ``mixer(x_BTD, stream, state) -> (o_BTD, state)``.
+    Carried state: the memory at the current segment's start, the current segment's tokens so
+    far (run again, with the call, from that state: a call that ends inside a segment continues
+    exactly) and the conv tails. A decode step costs O(segment_len), constant in the context.
 
     Args:
       memory: the layer's ``NeuralMemory`` (attribute ``memory``).
@@ -89,77 +175,98 @@ class MACMixer(nnx.Module):
         self.memory, self.attention, self.combine = memory, attention, combine
         self.segment_len = segment_len
 
-    def __call__(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
-        return self.forward(x_BTD, segment_ids_BT)[0]
+    def init_state(self, batch_size: int) -> MACState:
+        """(W0, 0) at a segment start, no tokens of a segment yet, zero conv tails."""
+        mem = self.memory
+        tails = mem.init_state(batch_size).conv_tail
+        return MACState(memory=mem.initial_state(batch_size),
+                        segment=_empty_buffer(batch_size, self.segment_len, self.attention.d_model,
+                                              self.attention.dtype),
+                        retrieval_tail=tails, write_tail=tails)
 
-    def forward(self, x_BTD: jax.Array, segment_ids_BT: jax.Array, *, collect: bool = False
-                ) -> tuple[jax.Array, dict[str, Any]]:
-        """The layer's output and, with ``collect``, what each segment retrieved from.
+    def __call__(self, x_BTD: jax.Array, stream, state: MACState) -> tuple[jax.Array, MACState]:
+        o, state, _ = self.forward(x_BTD, stream, state)
+        return o, state
+
+    def forward(self, x_BTD: jax.Array, stream, state: MACState, *, collect: bool = False
+                ) -> tuple[jax.Array, MACState, dict[str, Any]]:
+        """The layer's output, the state after the call and, with ``collect``, what each segment
+        retrieved from.
 
         Returns:
-          (o_BTD, aux). With ``collect`` (S segments of N tokens): aux["state_in"] the memory
-          state (params, momentum) entering each segment (tuples of [S, B, H, ...], before any
-          reset); aux["h_reads"] the retrieved reads M*_{n-1}(q) [S, B, H, N, Dh] (W0 reads for
-          tokens of a document that starts inside the segment); aux["y"] the attention outputs
+          (o_BTD, state, aux). With ``collect`` (S segments of N tokens of the extended call, the
+          current segment's earlier tokens first): aux["state_in"] the memory state (params,
+          momentum) entering each segment (tuples of [S, B, H, ...], before any reset);
+          aux["h_reads"] the retrieved reads M*_{n-1}(q) [S, B, H, N, Dh] (W0 reads for tokens of
+          a document that starts inside the segment); aux["y"] the attention outputs
           [S, B, N, D]; aux["m_reads"] the reads M*_t(y_t) after each token's write
           [S, B, H, N, Dh]. Otherwise aux is empty.
+        Raises:
+          ValueError: for a stream whose shape differs from x's.
         """
         mem = self.memory
         B, T, D = x_BTD.shape
-        if segment_ids_BT.shape != (B, T):
-            raise ValueError(f"segment_ids shape {segment_ids_BT.shape} does not match x {(B, T)}")
+        if tuple(stream.segment_ids.shape) != (B, T):
+            raise ValueError(f"the stream is for calls of shape {tuple(stream.segment_ids.shape)}, "
+                             f"x_BTD has [B, T] = [{B}, {T}]")
         N = self.segment_len
-        n_seg = math.ceil(T / N)
-        Tp = n_seg * N
-        x = _pad_time(x_BTD, Tp)
-        ids = _pad_time(segment_ids_BT, Tp)
-        doc = document_ids(ids)
-        pos = segment_positions(ids)
-        retrieval = mem.project(x, ids)  # queries for the retrieval, document starts
+        x, ext, n, E = _extended(x_BTD, stream, state.segment, N)
+        m = n + T
+        n_full = m // N                    # complete segments: the next state enters segment n_full
+        # Queries for the retrieval, document starts; the retrieval conv tail before segment n_full.
+        retrieval, r_tail = mem.project(x, ext, () if stream.fresh else state.retrieval_tail,
+                                        tail_at=n_full * N)
         reads_w0 = mem.read(mem.initial_state(B), retrieval.q)  # for documents starting here
-        xs = (_to_segments(x, 1, N), _to_segments(ids, 1, N), _to_segments(doc, 1, N),
-              _to_segments(pos, 1, N), _to_segments(retrieval.q, 2, N),
-              _to_segments(reads_w0, 2, N), _to_segments(retrieval.reset, 1, N))
-        n_tail = mem.cfg.conv_kernel - 1 if mem.cfg.use_conv else 0
+        xs = (_to_segments(x, 1, N), _to_segments(ext.segment_ids, 1, N),
+              _to_segments(ext.doc_ids, 1, N), _to_segments(ext.positions, 1, N),
+              _to_segments(ext.starts, 1, N), _to_segments(retrieval.q, 2, N),
+              _to_segments(reads_w0, 2, N), jnp.arange(E // N))
         y_dtype = self.attention.dtype
-        carry0 = (mem.initial_state(B), jnp.zeros((B, n_tail, D), y_dtype),
-                  jnp.zeros((B, n_tail), ids.dtype))
+        carry0 = (state.memory, () if stream.fresh else state.write_tail)
+        if stream.fresh and mem.cfg.use_conv:
+            carry0 = (state.memory, mem.init_state(B).conv_tail)
+        keep_final = bool(stream.fresh) and T % N == 0     # static: the call ends a segment
 
         def body(carry, xs_n):
-            state, tail_y, tail_ids = carry
-            x_n, ids_n, doc_n, pos_n, q_n, w0_reads_n, reset_n = xs_n
+            (mstate, w_tail), kept = carry
+            x_n, ids_n, doc_n, pos_n, starts_n, q_n, w0_reads_n, index = xs_n
+            if not keep_final:
+                kept = jax.tree.map(lambda a, b: jnp.where(index == n_full, a, b),
+                                    (mstate, w_tail), kept)
             # Retrieval from the state left by earlier segments (W0 for documents starting here).
-            fresh_BN = jnp.cumsum(reset_n.astype(jnp.int32), axis=1) > 0
-            h_reads = jnp.where(fresh_BN[:, None, :, None], w0_reads_n, mem.read(state, q_n))
+            fresh_BN = jnp.cumsum(starts_n.astype(jnp.int32), axis=1) > 0
+            h_reads = jnp.where(fresh_BN[:, None, :, None], w0_reads_n, mem.read(mstate, q_n))
             h = mem.output(h_reads, x_n)
             y = self.attention(x_n, doc_n, pos_n, h).astype(y_dtype)
             # Write the attention output, read M*(y_t) after token t's own write.
-            y_ext = jnp.concatenate([tail_y, y], axis=1)
-            ids_ext = jnp.concatenate([tail_ids, ids_n], axis=1)
-            w = mem.project(y_ext, ids_ext)
-            w = MemoryInputs(q=w.q[:, :, n_tail:], k=w.k[:, :, n_tail:], v=w.v[:, :, n_tail:],
-                             theta=w.theta[:, :, n_tail:], eta=w.eta[:, :, n_tail:],
-                             alpha=w.alpha[:, :, n_tail:], reset=reset_n,
-                             log_keep=w.log_keep[:, :, n_tail:])
-            reads, new_state = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, w.reset,
+            w, w_tail = mem.project(y, _segment_stream(ext, ids_n, starts_n, pos_n), w_tail)
+            reads, new_state = mem.scan(mstate, w.q, w.k, w.v, w.theta, w.eta, w.alpha, w.reset,
                                         log_keep=w.log_keep)
             o = self.combine(y, mem.output(reads, y))
-            keep = y_ext.shape[1] - n_tail
-            new_carry = (new_state, y_ext[:, keep:], ids_ext[:, keep:])
-            out = (o, (state, h_reads, y, reads)) if collect else (o, None)
-            return new_carry, out
+            out = (o, (mstate, h_reads, y, reads)) if collect else (o, None)
+            return ((new_state, w_tail), kept), out
 
-        _, (o_SBND, extra) = jax.lax.scan(body, carry0, xs)
-        o = jnp.moveaxis(o_SBND, 0, 1).reshape(B, Tp, -1)[:, :T]
+        (final, kept), (o_SBND, extra) = jax.lax.scan(body, (carry0, carry0), xs)
+        if not keep_final:
+            kept = jax.tree.map(lambda a, b: jnp.where(n_full * N == E, a, b), final, kept)
+        else:
+            kept = final
+        o = jnp.moveaxis(o_SBND, 0, 1).reshape(B, E, -1)
+        o = o[:, :T] if stream.fresh else jax.lax.dynamic_slice_in_dim(o, n, T, 1)
+        new_state = MACState(memory=kept[0],
+                             segment=_next_buffer(x, ext, n_full * N, m % N, N),
+                             retrieval_tail=r_tail, write_tail=kept[1])
         aux = (dict(zip(("state_in", "h_reads", "y", "m_reads"), extra)) if collect else {})
-        return o, aux
+        return o, new_state, aux
 
 
 class SegmentAttentionMixer(nnx.Module):
     """MAC's attention without a memory: causal attention inside each segment over
     [persistent || segment] (a MAC layer that is not listed in ``memory_layers``).
 
-    Call: ``mixer(x_BTD, segment_ids_BT) -> y_BTD``; the segments become batch rows.
+    ``mixer.init_state(B) -> SegmentBuffer`` (the current segment's tokens so far, run again with
+    the next call); ``mixer(x_BTD, stream, state) -> (y_BTD, state)``; the segments become batch
+    rows.
     """
 
     def __init__(self, attention: ContextAttention, segment_len: int):
@@ -167,15 +274,20 @@ class SegmentAttentionMixer(nnx.Module):
             raise ValueError(f"segment_len must be >= 1, got {segment_len}")
         self.attention, self.segment_len = attention, segment_len
 
-    def __call__(self, x_BTD: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
+    def init_state(self, batch_size: int) -> SegmentBuffer:
+        return _empty_buffer(batch_size, self.segment_len, self.attention.d_model,
+                             self.attention.dtype)
+
+    def __call__(self, x_BTD: jax.Array, stream, state: SegmentBuffer
+                 ) -> tuple[jax.Array, SegmentBuffer]:
         B, T, D = x_BTD.shape
         N = self.segment_len
-        Tp = math.ceil(T / N) * N
-        ids = _pad_time(segment_ids_BT, Tp)
-        rows = lambda a: a.reshape((B * (Tp // N), N) + a.shape[2:])  # noqa: E731
-        y = self.attention(rows(_pad_time(x_BTD, Tp)), rows(document_ids(ids)),
-                           rows(segment_positions(ids)))
-        return y.reshape(B, Tp, -1)[:, :T]
+        x, ext, n, E = _extended(x_BTD, stream, state, N)
+        rows = lambda a: a.reshape((B * (E // N), N) + a.shape[2:])  # noqa: E731
+        y = self.attention(rows(x), rows(ext.doc_ids), rows(ext.positions)).reshape(B, E, -1)
+        y = y[:, :T] if stream.fresh else jax.lax.dynamic_slice_in_dim(y, n, T, 1)
+        m = n + T
+        return y, _next_buffer(x, ext, (m // N) * N, m % N, N)
 
 
 @register("mac")

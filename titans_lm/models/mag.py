@@ -1,22 +1,24 @@
 """Titans MAG, Memory as a Gate (Behrouz et al. 2025, arXiv:2501.00663, section 4.2, eqs. 26-28).
 
-    x~ = [p_1 .. p_Np || x]          persistent tokens, prepended once by the LM shell
+    x~ = [p_1 .. p_Np || x]          persistent tokens, fed once before the stream by the LM shell
     y  = SW-Attn*(x~)                sliding-window causal attention (persistent tokens always visible)
     m  = M(x~)                       the neural memory over the same sequence, in parallel
     o  = (RMSNorm_y(y) * sigmoid(RMSNorm_m(m))) W_O     the non-linear gate y ⊗ M(x~)
 
 (``titans_lm.nn.gated_combine``: both branches normalised with learned vector-valued weights, then
 a sigmoid gate and the output projection.) Each block is x + o(RMSNorm(x)), then the SwiGLU MLP.
-The memory writes the persistent tokens first, so every document starts from the state they leave
-(``titans_lm.models.memory_mixer.prefixed_memory``). Outputs at persistent positions carry no loss
-(the shell strips them before the LM head).
+The shell runs the persistent tokens through the blocks in ``LanguageModel.init_state``: the
+attention keeps their keys/values in never-evicted slots, the memory writes them first and every
+document starts from the state they leave. A MAG layer's state is (attention state, memory state):
+the window's KV cache and the memory's carried state (``titans_lm.memory.layer.NeuralMemory``).
 
 Layers listed by ``memory_layers`` ("all" by default) are MAG layers; the others are plain
 sliding-window attention with the same window.
 
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads`` (attention heads),
 ``rope_theta``, ``window`` (sliding window in tokens; 0 = full causal attention), ``n_persistent``,
-``memory_layers`` and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``).
+``memory_layers`` and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``); optional
+``max_context`` (with window 0 only: full attention's KV cache, see ``titans_lm.models.transformer``).
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from flax import nnx
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
-from titans_lm.models.memory_mixer import (make_memory, memory_config, memory_layer_indices,
-                                           prefixed_memory)
+from titans_lm.models.memory_mixer import make_memory, memory_config, memory_layer_indices
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.dtypes import to_dtype
 from titans_lm.nn.gated_combine import GatedCombine
 from titans_lm.nn.init import scaled_out_std
+from titans_lm.nn.stream import Stream
 
 HYBRID_FIELDS = ("n_heads", "rope_theta", "window", "n_persistent", "memory_layers", "memory")
 
@@ -62,30 +64,37 @@ def hybrid_settings(model_cfg) -> HybridSettings:
 
 
 class MAGMixer(nnx.Module):
-    """``mixer(x_BSD, segment_ids_BS) -> o_BSD``: attention and memory in parallel, gated.
+    """``mixer(x_BTD, stream, state) -> (o_BTD, state)``: attention and memory in parallel, gated.
 
     Args:
       attention: sliding-window ``Attention`` (attribute ``attention``).
       memory: ``NeuralMemory`` (attribute ``memory``).
       combine: ``GatedCombine`` (attribute ``combine``).
-      n_persistent: number of persistent positions at the front of the sequence.
+
+    State: ``(attention_state, memory_state)``.
     """
 
-    def __init__(self, attention: Attention, memory: NeuralMemory, combine: GatedCombine,
-                 n_persistent: int):
+    def __init__(self, attention: Attention, memory: NeuralMemory, combine: GatedCombine):
         self.attention, self.memory, self.combine = attention, memory, combine
-        self.n_persistent = n_persistent
 
-    def __call__(self, x_BSD: jax.Array, segment_ids_BS: jax.Array) -> jax.Array:
-        y = self.attention(x_BSD, segment_ids_BS)
-        m = prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent)
-        return self.combine(y, m)
+    def init_state(self, batch_size: int) -> tuple:
+        return self.attention.init_state(batch_size), self.memory.init_state(batch_size)
+
+    def __call__(self, x_BTD: jax.Array, stream: Stream, state: tuple) -> tuple[jax.Array, tuple]:
+        attention_state, memory_state = state
+        y, attention_state = self.attention(x_BTD, stream, attention_state)
+        m, memory_state = self.memory(x_BTD, stream, memory_state)
+        return self.combine(y, m), (attention_state, memory_state)
 
 
 def hybrid_attention(model_cfg, out_init_std: float, *, rngs: nnx.Rngs) -> Attention:
-    """The sliding-window attention of a MAG/MAL layer (or of a layer without memory)."""
+    """The sliding-window attention of a MAG/MAL layer (or of a layer without memory), with slots
+    for the model's persistent tokens. With ``window`` 0 it is full attention bounded by
+    ``max_context`` (optional field, 0 = unbounded within one call)."""
     return Attention(model_cfg.d_model, model_cfg.n_heads, rope_theta=model_cfg.rope_theta,
-                     window=int(model_cfg.window) or None, dtype=to_dtype(model_cfg.dtype),
+                     window=int(model_cfg.window) or None,
+                     max_context=int(model_cfg.get("max_context", 0)) or None,
+                     n_persistent=int(model_cfg.n_persistent), dtype=to_dtype(model_cfg.dtype),
                      param_dtype=to_dtype(model_cfg.get("param_dtype", "float32")),
                      init_std=model_cfg.init_std, out_init_std=out_init_std, rngs=rngs)
 
@@ -108,6 +117,6 @@ def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
         memory = make_memory(mcfg, rngs=rngs)
         combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
                                param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-        return MAGMixer(attention, memory, combine, n_p)
+        return MAGMixer(attention, memory, combine)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)

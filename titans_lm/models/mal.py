@@ -1,14 +1,14 @@
 """Titans MAL, Memory as a Layer (Behrouz et al. 2025, arXiv:2501.00663, section 4.3, eqs. 29-31).
 
-    x~ = [p_1 .. p_Np || x]          persistent tokens, prepended once by the LM shell
+    x~ = [p_1 .. p_Np || x]          persistent tokens, fed once before the stream by the LM shell
     y  = x~ + M(x~)                  the neural memory as a residual layer
     o  = SW-Attn(y)                  sliding-window causal attention over the memory layer's output
 
 Each block is x + o(RMSNorm(x)), then the SwiGLU MLP. The memory layer carries its own residual
 (every Titans block is residual, section 4.4), so the attention sees the tokens as well as what the
-memory makes of them; its W_O gets the depth-scaled residual init. The memory writes the
-persistent tokens first (``titans_lm.models.memory_mixer.prefixed_memory``). Outputs at persistent
-positions carry no loss.
+memory makes of them; its W_O gets the depth-scaled residual init. The shell runs the persistent
+tokens through the blocks in ``LanguageModel.init_state`` (the memory writes them first; attention
+keeps their keys/values). A MAL layer's state is (memory state, attention state).
 
 Layers listed by ``memory_layers`` ("all" by default) are MAL layers; the others are plain
 sliding-window attention with the same window.
@@ -25,27 +25,35 @@ from flax import nnx
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel
 from titans_lm.models.mag import hybrid_attention, hybrid_settings
-from titans_lm.models.memory_mixer import make_memory, prefixed_memory
+from titans_lm.models.memory_mixer import make_memory
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
+from titans_lm.nn.stream import Stream
 
 
 class MALMixer(nnx.Module):
-    """``mixer(x_BSD, segment_ids_BS) -> o_BSD``: memory layer, then sliding-window attention.
+    """``mixer(x_BTD, stream, state) -> (o_BTD, state)``: memory layer, then sliding-window
+    attention.
 
     Args:
       memory: ``NeuralMemory`` (attribute ``memory``).
       attention: sliding-window ``Attention`` (attribute ``attention``).
-      n_persistent: number of persistent positions at the front of the sequence.
+
+    State: ``(memory_state, attention_state)``.
     """
 
-    def __init__(self, memory: NeuralMemory, attention: Attention, n_persistent: int):
-        self.memory, self.attention, self.n_persistent = memory, attention, n_persistent
+    def __init__(self, memory: NeuralMemory, attention: Attention):
+        self.memory, self.attention = memory, attention
 
-    def __call__(self, x_BSD: jax.Array, segment_ids_BS: jax.Array) -> jax.Array:
-        m = prefixed_memory(self.memory, x_BSD, segment_ids_BS, self.n_persistent)
-        y = x_BSD + m.astype(x_BSD.dtype)
-        return self.attention(y, segment_ids_BS)
+    def init_state(self, batch_size: int) -> tuple:
+        return self.memory.init_state(batch_size), self.attention.init_state(batch_size)
+
+    def __call__(self, x_BTD: jax.Array, stream: Stream, state: tuple) -> tuple[jax.Array, tuple]:
+        memory_state, attention_state = state
+        m, memory_state = self.memory(x_BTD, stream, memory_state)
+        y = x_BTD + m.astype(x_BTD.dtype)
+        o, attention_state = self.attention(y, stream, attention_state)
+        return o, (memory_state, attention_state)
 
 
 @register("mal")
@@ -61,6 +69,6 @@ def build_mal(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
         attention = hybrid_attention(model_cfg, out_std, rngs=rngs)
         if layer not in layers:
             return attention
-        return MALMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), attention, n_p)
+        return MALMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), attention)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)

@@ -2,7 +2,10 @@
 multi-head attention with RoPE and SwiGLU, RMSNorm, no biases.
 
 Model config fields (besides ``titans_lm.models.lm.SHELL_FIELDS``): ``n_heads``, ``rope_theta``,
-and optionally ``window`` (sliding-window size in tokens; 0 = full causal attention).
+and optionally ``window`` (sliding-window size in tokens; 0 = full causal attention) and
+``max_context`` (full attention: the KV cache a carried state keeps, i.e. the most tokens a query
+sees; 0 = unbounded within one call and no carried state: streaming evaluation and generation set
+it, to data.seq_len by default, the standard sliding-context baseline).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ def build_transformer(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     def make_mixer(layer: int, rngs: nnx.Rngs) -> Attention:
         del layer
         return Attention(model_cfg.d_model, model_cfg.n_heads, rope_theta=model_cfg.rope_theta,
-                         window=model_cfg.get("window", 0) or None, dtype=dtype,
+                         window=model_cfg.get("window", 0) or None,
+                         max_context=int(model_cfg.get("max_context", 0)) or None, dtype=dtype,
                          param_dtype=param_dtype, init_std=model_cfg.init_std,
                          out_init_std=out_std, rngs=rngs)
 

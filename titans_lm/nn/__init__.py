@@ -7,7 +7,7 @@ from titans_lm.nn.dtypes import logits_dtype, to_dtype
 from titans_lm.nn.init import AXIS_NAMES, normal_param, scaled_out_std
 from titans_lm.nn.mlp import SwiGLU
 from titans_lm.nn.norm import RMSNorm
-from titans_lm.nn.persistent import PersistentMemory, strip_persistent
+from titans_lm.nn.persistent import PersistentMemory
 from titans_lm.nn.rope import apply_rope, rope_inv_freq
 from titans_lm.nn.segments import (PERSISTENT_SEGMENT_ID, attention_mask, doc_starts, document_ids,
                                    segment_positions)
@@ -16,5 +16,5 @@ __all__ = [
     "AXIS_NAMES", "Attention", "PERSISTENT_SEGMENT_ID", "PersistentMemory", "RMSNorm", "ShortConv",
     "SwiGLU", "apply_rope", "attention_mask", "causal_depthwise_conv", "doc_starts", "document_ids",
     "dot_product_attention", "logits_dtype", "normal_param", "rope_inv_freq", "scaled_out_std",
-    "segment_positions", "strip_persistent", "to_dtype",
+    "segment_positions", "to_dtype",
 ]

@@ -1,11 +1,11 @@
 """Persistent memory (Titans, Behrouz et al. 2025, section 3.3, eq. 19): N_p learned,
-input-independent vectors prepended to the sequence, x~ = [p_1 .. p_Np || x].
+input-independent vectors placed before the sequence, x~ = [p_1 .. p_Np || x].
 
-Their positions get segment id ``PERSISTENT_SEGMENT_ID``, which the attention mask treats as a
-fully visible prefix (every token sees them; they see only each other) and which gives them RoPE
-position 0. Short convolutions and document resets treat the first real token as a document start,
-so a document's outputs do not depend on where it sits in the window. Outputs at persistent
-positions carry no loss: strip them with :func:`strip_persistent`.
+The LM shell feeds them once, as the first call of every stream (``LanguageModel.init_state``),
+with segment id ``PERSISTENT_SEGMENT_ID``: attention keeps their keys/values in never-evicted
+slots (every token sees them; they see only each other) and gives them RoPE position 0; a memory
+writes them first and restarts every document from the state they leave. They produce no logits,
+so nothing has to be stripped from the outputs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 
 
 class PersistentMemory(nnx.Module):
-    """``mem(x_BTD, segment_ids_BT) -> (x_BSD, segment_ids_BS)`` with S = N_p + T.
+    """``mem(batch_size, dtype) -> (p_BPD, segment_ids_BP)``: the prefix for every row.
 
     Args:
       n_persistent: N_p >= 1.
@@ -28,7 +28,8 @@ class PersistentMemory(nnx.Module):
       param_dtype: storage dtype.
       rngs: nnx.Rngs.
 
-    Parameter ``tokens`` [N_p, D] (None, "embed"). The prefix is cast to the dtype of ``x``.
+    Parameter ``tokens`` [N_p, D] (None, "embed"). Returns the tokens cast to ``dtype`` and
+    broadcast to [B, N_p, D], and int32 ids [B, N_p] all ``PERSISTENT_SEGMENT_ID``.
     """
 
     def __init__(self, n_persistent: int, d_model: int, *, init_std: float = 0.02,
@@ -39,18 +40,9 @@ class PersistentMemory(nnx.Module):
         self.tokens = normal_param(rngs, (n_persistent, d_model), init_std, (None, "embed"),
                                    param_dtype)
 
-    def __call__(self, x_BTD: jax.Array, segment_ids_BT: jax.Array):
-        B, T, D = x_BTD.shape
-        if segment_ids_BT.shape != (B, T):
-            raise ValueError(f"segment_ids shape {segment_ids_BT.shape} does not match x {(B, T)}")
-        prefix_BPD = jnp.broadcast_to(self.tokens[...].astype(x_BTD.dtype), (B, self.n_persistent, D))
-        ids_BP = jnp.full((B, self.n_persistent), PERSISTENT_SEGMENT_ID, segment_ids_BT.dtype)
-        return (jnp.concatenate([prefix_BPD, x_BTD], axis=1),
-                jnp.concatenate([ids_BP, segment_ids_BT], axis=1))
-
-
-def strip_persistent(y_BSD: jax.Array, n_persistent: int) -> jax.Array:
-    """Drop the first ``n_persistent`` positions along axis 1: [B, N_p + T, ...] -> [B, T, ...]."""
-    if n_persistent < 0 or n_persistent > y_BSD.shape[1]:
-        raise ValueError(f"cannot strip {n_persistent} persistent positions from length {y_BSD.shape[1]}")
-    return y_BSD[:, n_persistent:]
+    def __call__(self, batch_size: int, dtype) -> tuple[jax.Array, jax.Array]:
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        shape = (int(batch_size),) + self.tokens.shape
+        return (jnp.broadcast_to(self.tokens[...].astype(dtype), shape),
+                jnp.full(shape[:2], PERSISTENT_SEGMENT_ID, jnp.int32))

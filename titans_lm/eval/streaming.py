@@ -1,0 +1,205 @@
+"""Streaming evaluation: each document scored window after window with the model's state carried.
+
+``--context=reset`` (``titans_lm.eval.windows``) scores every window of ``T`` tokens from the
+initial state, as in training. ``--context=carry`` (this module) cuts each document into exactly
+the same windows, but feeds a document's windows to one batch row in order and carries the state
+from each call to the next (``model(tokens_BT, segment_ids_BT, state) -> (logits, state)``):
+
+* one jitted step function ``(params, state, window batch) -> (nll_sum, n_tokens, state)`` is
+  reused for every window, so a document of any length (the 214K-token held-out book) is one
+  pass in constant memory; nothing is truncated;
+* documents are batched across rows: each row takes the next document of the queue when its
+  current one ends (the row whose document ends first is refilled first); rows left without a
+  document get padding windows (weight 0);
+* a document's first window carries its own segment id (``doc_index + 1``, as in reset mode) while
+  the row's previous window held another document (or padding), so the model starts a new
+  document there exactly as in training: memories reset to their initial state, attention never
+  looks at the previous document's keys;
+* scoring is :func:`titans_lm.eval.perplexity.score_batch` on the same windows and targets as the
+  reset path, so both modes sum the log-likelihoods of the same tokens, once each.
+
+A document shorter than one window therefore scores as in reset mode. What the state buys is
+context across windows: a memory model's weights keep what the document's earlier windows wrote
+into them; Transformer++ with its KV cache bounded by ``max_context = T`` attends to the last
+``T`` tokens (the standard sliding-context baseline); MAG/MAL carry their sliding-window cache and
+the memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from titans_lm.config import PAD_ID
+from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
+from titans_lm.eval.windows import document_windows, num_windows
+from titans_lm.train import sharding as shd
+from titans_lm.train.state import ModelFns
+
+CONTEXT_MODES = ("reset", "carry")
+
+
+@dataclasses.dataclass(frozen=True)
+class StatefulLM:
+    """The stateful calls of a model given by its :class:`~titans_lm.train.state.ModelFns`.
+
+    ``init_state(params, batch_size) -> state`` and
+    ``apply(params, tokens_BT, segment_ids_BT, state) -> (logits_BTV, state)`` (float32 logits,
+    float64 for a float64 model) rebuild the
+    module from ``params`` (a pure dict) and call ``model.init_state`` / ``model(tokens, seg,
+    state)`` (``titans_lm.models.lm.LanguageModel``); both are pure and jit-compatible.
+    """
+
+    fns: ModelFns
+
+    def init_state(self, params: Any, batch_size: int) -> Any:
+        with nnx.use_eager_sharding(False):
+            return self.fns.module(params).init_state(int(batch_size))
+
+    def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array,
+              state: Any) -> tuple[jax.Array, Any]:
+        with nnx.use_eager_sharding(False):
+            logits, state = self.fns.module(params)(tokens_BT, segment_ids_BT, state)
+        return logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), state
+
+
+def make_carry_step(lm: StatefulLM) -> tuple[Callable, Callable]:
+    """``(init_fn, step_fn)``, both jitted.
+
+    ``init_fn(params, batch_size)`` gives the initial state (``batch_size`` static);
+    ``step_fn(params, state, batch) -> (nll_sum, n_tokens, state)`` runs one window batch
+    (``{"tokens", "segment_ids"}: int32 [B, T+1]``; inputs ``[:, :-1]``) from ``state`` and scores it
+    with :func:`score_batch`. The incoming state is donated (updated in place).
+    """
+    def step(params, state, batch):
+        logits, state = lm.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1], state)
+        nll, n = score_batch(logits, batch)
+        return nll, n, state
+    return (jax.jit(lm.init_state, static_argnums=1),
+            jax.jit(step, donate_argnums=1))
+
+
+def assign_rows(window_counts: Sequence[int], n_rows: int) -> tuple[list[list[int]], int]:
+    """Which row streams which document: documents in order, each to the row that frees first.
+
+    Args:
+      window_counts: windows of each document (0 for a document with nothing to score).
+      n_rows: batch rows.
+
+    Returns:
+      ``(rows, n_steps)``: ``rows[r]`` lists the document indices row ``r`` streams, in order;
+      ``n_steps`` the number of window steps until every row is done. Ties go to the lowest row.
+    """
+    if n_rows < 1:
+        raise ValueError(f"n_rows must be >= 1, got {n_rows}")
+    heap = [(0, r) for r in range(n_rows)]
+    rows: list[list[int]] = [[] for _ in range(n_rows)]
+    for d, n in enumerate(window_counts):
+        if n <= 0:
+            continue
+        t, r = heapq.heappop(heap)
+        rows[r].append(d)
+        heapq.heappush(heap, (t + int(n), r))
+    return rows, max(t for t, _ in heap)
+
+
+def stream_batches(docs_tokens: Sequence[np.ndarray], *, seq_len: int, n_rows: int
+                   ) -> Iterator[dict[str, np.ndarray]]:
+    """The window batches of carry mode, one per step (see the module docstring).
+
+    Args:
+      docs_tokens: one int token array per document, each beginning with BOS.
+      seq_len: T. n_rows: batch rows.
+
+    Yields:
+      ``{"tokens": int32[n_rows, T+1], "segment_ids": int32[n_rows, T+1]}``; row ``r`` of
+      consecutive batches holds consecutive windows of its documents
+      (:func:`titans_lm.eval.windows.document_windows`, segment id ``d + 1`` for document ``d``),
+      padding rows (all 0) once its documents are done.
+
+    Raises:
+      ValueError: see :func:`document_windows`.
+    """
+    counts = [num_windows(len(t), seq_len) for t in docs_tokens]
+    rows, n_steps = assign_rows(counts, n_rows)
+    queues = [list(reversed(r)) for r in rows]
+    current: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n_rows
+    cursor = [0] * n_rows
+    for _ in range(n_steps):
+        tokens = np.full((n_rows, seq_len + 1), PAD_ID, np.int32)
+        segs = np.zeros((n_rows, seq_len + 1), np.int32)
+        for r in range(n_rows):
+            if current[r] is None or cursor[r] >= len(current[r][0]):
+                current[r], cursor[r] = None, 0
+                if queues[r]:
+                    d = queues[r].pop()
+                    current[r] = document_windows(docs_tokens[d], seq_len, segment_id=d + 1)
+            if current[r] is not None:
+                tokens[r], segs[r] = current[r][0][cursor[r]], current[r][1][cursor[r]]
+                cursor[r] += 1
+        yield {"tokens": tokens, "segment_ids": segs}
+
+
+def stream_rows(n_docs: int, batch_size: int, mesh) -> int:
+    """Rows for carry mode: ``batch_size``, or fewer when there are fewer documents, rounded up to
+    a multiple of the mesh's batch shards."""
+    mult = shd.batch_divisor(mesh)
+    rows = max(1, min(int(batch_size), int(n_docs)))
+    return -(-rows // mult) * mult
+
+
+def score_documents_carry(init_fn: Callable, step_fn: Callable, params: Any,
+                          docs_tokens: Sequence[np.ndarray], texts: Sequence[str], *, seq_len: int,
+                          batch_size: int, mesh, progress: bool = False,
+                          desc: str = "") -> PerplexityTotals:
+    """Model totals over documents in carry mode (the counterpart of
+    :func:`titans_lm.eval.evaluate.score_documents`).
+
+    Args:
+      init_fn, step_fn: from :func:`make_carry_step`.
+      params: the model parameters.
+      docs_tokens: one token array per document, each beginning with BOS; texts: their texts.
+      seq_len: T, the window length. batch_size: at most this many rows (see :func:`stream_rows`).
+      mesh: the device mesh (batches are sharded over its batch axes).
+
+    Returns:
+      :class:`PerplexityTotals` of every token after each document's BOS.
+    """
+    n_rows = stream_rows(len(docs_tokens), batch_size, mesh)
+    _, n_steps = assign_rows([num_windows(len(t), seq_len) for t in docs_tokens], n_rows)
+    state = init_fn(params, n_rows)
+    nll, n_tok = 0.0, 0
+    with tqdm(total=n_steps, disable=not (progress and sys.stderr.isatty()), desc=desc,
+              unit="window", leave=False, dynamic_ncols=True) as bar:
+        for batch in stream_batches(docs_tokens, seq_len=seq_len, n_rows=n_rows):
+            local = {k: np.array_split(v, jax.process_count())[jax.process_index()]
+                     for k, v in batch.items()}
+            a, c, state = step_fn(params, state, shd.put_batch(local, mesh))
+            nll += float(a)
+            n_tok += int(c)
+            bar.update(1)
+    words, nbytes = zip(*(text_counts(x) for x in texts)) if texts else ((), ())
+    return PerplexityTotals(nll, n_tok, int(sum(words)), int(sum(nbytes)))
+
+
+def carry_note(model_cfg, seq_len: int) -> str:
+    """What carry mode means for this backbone (printed under the table, saved in the JSON)."""
+    name = str(model_cfg.get("name", ""))
+    if name == "transformer":
+        c = int(model_cfg.get("max_context", 0) or seq_len)
+        return (f"carry for Transformer++ is the sliding-context baseline: its KV cache keeps the "
+                f"last {c} tokens")
+    return "carry: the memory state (and any attention cache) is carried across the windows"
+
+
+__all__ = ["CONTEXT_MODES", "StatefulLM", "assign_rows", "carry_note", "make_carry_step",
+           "score_documents_carry", "stream_batches", "stream_rows"]
