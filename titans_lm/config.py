@@ -33,6 +33,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.seq_len = 256  # T: training window length in tokens
     c.data.doc_align = 64  # documents padded to, and windows started at, multiples of this
     c.data.shuffle_seed = 0
+    c.data.task = ""  # "": the corpus; "mqar" | "niah": a synthetic task (configs/tasks/*.py)
 
     c.train = ml_collections.ConfigDict()
     c.train.seed = 0

@@ -442,3 +442,21 @@ def eval_settings(cfg) -> list[dict]:
                              f"{pairs} must have the same number of entries")
         return [{"length": L, "pairs": n} for L, n in zip(lengths, pairs)]
     return [{"length": L, "depth": float(d)} for L in lengths for d in t.eval_depths]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """The data side of a task run for the trainer (in place of ``titans_lm.data.prepare``)."""
+    spec: TaskSpec
+
+    @classmethod
+    def from_config(cls, cfg) -> "TaskData":
+        return cls(task_spec(cfg))
+
+    def train_iterator(self, *, seq_len: int, batch_size: int, seed: int, shard_index: int = 0,
+                       shard_count: int = 1) -> TaskIterator:
+        return TaskIterator(self.spec, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                            shard_index=shard_index, shard_count=shard_count)
+
+    def validation_batches(self, **kw) -> list[dict[str, np.ndarray]]:
+        return task_validation_batches(self.spec, **kw)

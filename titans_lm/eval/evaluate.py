@@ -145,7 +145,10 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       ValueError / FileNotFoundError: unknown split, missing or unreadable text.
     """
     from titans_lm.data.prepare import prepare, tokenize_documents
+    from titans_lm.eval.tasks import evaluate_task, is_task_run
 
+    if is_task_run(workdir, step):  # a synthetic task: accuracy on its answers, not perplexity
+        return {"task": {"records": evaluate_task(workdir, step, log=log)}}
     workdir = Path(workdir).resolve()
     ckpt = Checkpointer(workdir, read_only=True)
     try:
