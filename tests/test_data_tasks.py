@@ -109,3 +109,11 @@ def test_task_batches_deterministic_by_seed_and_resumable(spec):
     np.testing.assert_array_equal(next(s1)["tokens"], first[0]["tokens"][2:])
     assert set(first[0]) == {"tokens", "segment_ids", "loss_mask"}
     assert (first[0]["segment_ids"] == 1).all()
+
+
+def test_train_loss_scores_only_the_answers():
+    from titans_lm.train.step import split_batch
+    b = tasks.task_rows(TaskSpec("mqar", 1024, train_pairs=(8,)), "train", 0, (0,), 3, 64)
+    _, targets, _, w = split_batch({k: b[k] for k in ("tokens", "segment_ids", "loss_mask")})
+    np.testing.assert_array_equal(np.asarray(w), b["loss_mask"][:, 1:])
+    assert float(np.asarray(w).sum()) == 24
