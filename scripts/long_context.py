@@ -162,6 +162,8 @@ def plot_comparison(path: Path, rows: list[dict], labels: list[str], metric: str
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's read-only checkpoint notices
     from titans_lm.eval.tasks import evaluate_task
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

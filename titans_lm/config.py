@@ -83,7 +83,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     need(cfg.data.seq_len > 0, "data.seq_len", f"must be positive, got {cfg.data.seq_len}")
     need(cfg.data.doc_align > 0 and cfg.data.seq_len % cfg.data.doc_align == 0, "data.doc_align",
          f"must be positive and divide data.seq_len={cfg.data.seq_len}, got {cfg.data.doc_align}")
-    need(cfg.data.vocab_size >= 260, "data.vocab_size",
+    need(cfg.data.vocab_size >= 260 or cfg.data.get("task", ""), "data.vocab_size",
          f"must be at least 260 (byte fallback needs 256 byte pieces), got {cfg.data.vocab_size}")
     need(cfg.train.steps > 0, "train.steps", f"must be positive, got {cfg.train.steps}")
     need(cfg.train.batch_size > 0, "train.batch_size", f"must be positive, got {cfg.train.batch_size}")
