@@ -136,6 +136,43 @@ def task_accuracy(run: Callable[..., np.ndarray], fn: Any, batches: Sequence[dic
     return tot
 
 
+class JittedStateful:
+    """The stateful API of a trained model (``init_state`` / ``__call__``), jitted once per call
+    shape: wraps ``ModelFns`` and parameters for :func:`carry_predictions`.
+
+    Raises:
+      ValueError: the model has no stateful API (no ``init_state``).
+    """
+
+    def __init__(self, fns: Any, params: Any):
+        import jax
+        from flax import nnx
+
+        with nnx.use_eager_sharding(False):
+            model = fns.module(params)
+        if not hasattr(model, "init_state"):
+            raise ValueError("context 'carry' needs the stateful model API (model.init_state); "
+                             "this build has none: use context 'reset' or 'whole'")
+
+        def init(batch_size):
+            with nnx.use_eager_sharding(False):
+                return fns.module(params).init_state(batch_size)
+
+        def step(p, tokens, segs, state):
+            with nnx.use_eager_sharding(False):
+                return fns.module(p)(tokens, segs, state)
+
+        self._params = params
+        self._init = init
+        self._step = jax.jit(step)
+
+    def init_state(self, batch_size: int):
+        return self._init(batch_size)
+
+    def __call__(self, tokens_BT, segment_ids_BT, state):
+        return self._step(self._params, tokens_BT, segment_ids_BT, state)
+
+
 DRIVERS = {"reset": reset_predictions, "whole": whole_predictions, "carry": carry_predictions}
 
 
@@ -270,11 +307,7 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
         raise ValueError(f"unknown context {context!r}; valid: {', '.join(CONTEXTS)}")
     window = int(cfg.data.seq_len)
     if context == "carry":
-        model = fns.module(params)
-        if not hasattr(model, "init_state"):
-            raise ValueError("context 'carry' needs the stateful model API (model.init_state); "
-                             "this build has none: use context 'reset' or 'whole'")
-        fn = model
+        fn = JittedStateful(fns, params)
     else:
         fn = jax.jit(lambda x, g: jnp.argmax(fns.apply(params, x, g), axis=-1))
     n_examples = int(cfg.task.get("eval_examples", 64))
