@@ -151,7 +151,7 @@ def plot_comparison(path: Path, rows: list[dict], labels: list[str], metric: str
     for i in range(len(rows)):
         for j in range(len(labels)):
             if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                ax.text(j, i, f"{grid[i, j]:.0f}" if grid[i, j] >= 10 else f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=7,
                         color="white" if grid[i, j] < 60 else "black")
     fig.colorbar(im, ax=ax)
     ax.set_title(title, fontsize=9)

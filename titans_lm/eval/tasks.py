@@ -226,7 +226,7 @@ def plot_task_heatmap(records: Sequence[dict], path: str | Path, metric: str = "
     for i in range(len(rows)):
         for j in range(len(cols)):
             if not math.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center",
+                ax.text(j, i, f"{grid[i, j]:.0f}" if grid[i, j] >= 10 else f"{grid[i, j]:.1f}", ha="center", va="center",
                         color="white" if grid[i, j] < 60 else "black", fontsize=8)
     fig.colorbar(im, ax=ax, label=f"{metric} (%)")
     ax.set_title(title, fontsize=8)
