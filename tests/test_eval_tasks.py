@@ -121,7 +121,7 @@ def test_task_run_trains_resumes_exactly_and_evaluates(tmp_path):
         c = mod.get_config("transformer")
         c.data.vocab_size = V
         c.data.seq_len = 64
-        c.model.update(d_model=32, n_layers=2, n_heads=2, d_ff=64)
+        c.model.update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
         c.train.update(steps=2, batch_size=4, log_every=1, eval_every=2, eval_batches=1,
                        ckpt_every=1)
         c.optim.warmup_steps = 1
