@@ -36,6 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.seq_len = 256  # T: training window length in tokens
     c.data.doc_align = 64  # documents padded to, and windows started at, multiples of this
     c.data.shuffle_seed = 0
+    c.data.task = ""  # "": the corpus; "mqar" | "niah": a synthetic task (configs/tasks/*.py)
 
     c.train = ml_collections.ConfigDict()
     c.train.seed = 0
@@ -85,7 +86,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     need(cfg.data.seq_len > 0, "data.seq_len", f"must be positive, got {cfg.data.seq_len}")
     need(cfg.data.doc_align > 0 and cfg.data.seq_len % cfg.data.doc_align == 0, "data.doc_align",
          f"must be positive and divide data.seq_len={cfg.data.seq_len}, got {cfg.data.doc_align}")
-    need(cfg.data.vocab_size >= 260, "data.vocab_size",
+    need(cfg.data.vocab_size >= 260 or cfg.data.get("task", ""), "data.vocab_size",
          f"must be at least 260 (byte fallback needs 256 byte pieces), got {cfg.data.vocab_size}")
     need(cfg.train.steps > 0, "train.steps", f"must be positive, got {cfg.train.steps}")
     need(cfg.train.batch_size > 0, "train.batch_size", f"must be positive, got {cfg.train.batch_size}")

@@ -257,6 +257,10 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     from titans_lm.data.prepare import prepare, tokenize_documents
     from titans_lm.train.run_files import check_run_data
 
+    from titans_lm.eval.tasks import evaluate_task, is_task_run
+
+    if is_task_run(workdir, step):  # a synthetic task: accuracy on its answers, not perplexity
+        return {"task": {"records": evaluate_task(workdir, step, log=log)}}
     modes = context_modes(context)
     workdir = Path(workdir).resolve()
     run = load_run(workdir, step, overrides=overrides)

@@ -226,14 +226,23 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     tcfg = cfg.train
     T = int(cfg.data.seq_len)
 
-    data = prepare(cfg.data, splits=("train", "validation"), log=log if primary else None)
+    task = cfg.data.get("task", "")
+    if task:  # a synthetic task (titans_lm.data.tasks): no corpus, no tokenizer
+        from titans_lm.data.tasks import TaskData
+        data = TaskData.from_config(cfg)
+    else:
+        data = prepare(cfg.data, splits=("train", "validation"), log=log if primary else None)
     fns = model_fns(cfg.model)
     log(f"model {cfg.model.name}: {count_params(fns):,} parameters; mesh "
         f"{dict(mesh.shape)} over {mesh.size} {jax.devices()[0].platform} device(s)")
     tx, schedule = make_optimizer(cfg.optim, tcfg.steps)
-    it = make_train_iterator(data.stores["train"], seq_len=T, batch_size=tcfg.batch_size,
-                             seed=cfg.data.shuffle_seed, doc_align=cfg.data.doc_align,
-                             shard_index=jax.process_index(), shard_count=jax.process_count())
+    if task:
+        it = data.train_iterator(seq_len=T, batch_size=tcfg.batch_size, seed=cfg.data.shuffle_seed,
+                                 shard_index=jax.process_index(), shard_count=jax.process_count())
+    else:
+        it = make_train_iterator(data.stores["train"], seq_len=T, batch_size=tcfg.batch_size,
+                                 seed=cfg.data.shuffle_seed, doc_align=cfg.data.doc_align,
+                                 shard_index=jax.process_index(), shard_count=jax.process_count())
 
     ckpt = Checkpointer(workdir, keep=tcfg.keep_checkpoints)
     try:
@@ -285,13 +294,19 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                              compute_dtype=tcfg.compute_dtype)
     batch_spec = {k: jax.ShapeDtypeStruct((tcfg.batch_size, T + 1), np.int32,
                                           sharding=shd.batch_sharding(mesh))
-                  for k in ("tokens", "segment_ids")}
+                  for k in ("tokens", "segment_ids") + (("loss_mask",) if cfg.data.get("task") else ())}
     t0 = time.perf_counter()
     compiled = step_fn.lower(state, batch_spec).compile()
     log(f"train step compiled in {time.perf_counter() - t0:.1f}s")
     eval_fn = jit_eval_step(fns, state_sh.params, mesh)
-    val = validation_batches(data.stores["validation"], seq_len=T, batch_size=cfg.eval.batch_size,
-                             n_batches=tcfg.eval_batches, multiple=shd.batch_divisor(mesh))
+    if cfg.data.get("task"):
+        val = data.validation_batches(seq_len=T, batch_size=cfg.eval.batch_size,
+                                      n_batches=tcfg.eval_batches, seed=cfg.data.shuffle_seed,
+                                      multiple=shd.batch_divisor(mesh))
+    else:
+        val = validation_batches(data.stores["validation"], seq_len=T,
+                                 batch_size=cfg.eval.batch_size, n_batches=tcfg.eval_batches,
+                                 multiple=shd.batch_divisor(mesh))
 
     writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0)
     # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one plain line

@@ -37,10 +37,14 @@ Batch = Mapping[str, jax.Array]
 def split_batch(batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(inputs_BT, targets_BT, input_segment_ids_BT, weights_BT)`` of a ``[B, T+1]`` batch.
 
-    ``weights_BT`` is float32 (1.0 for a scored target, 0.0 otherwise), by the contract above.
+    ``weights_BT`` is float32 (1.0 for a scored target, 0.0 otherwise), by the contract above;
+    a batch with an int ``loss_mask`` [B, T+1] (the synthetic tasks) scores only the targets
+    ``t`` with ``loss_mask[:, t + 1] != 0`` among them.
     """
     tokens, seg = batch["tokens"], batch["segment_ids"]
     weights = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+    if "loss_mask" in batch:  # synthetic tasks (titans_lm.data.tasks): only the answers count
+        weights = weights & (batch["loss_mask"][:, 1:] != 0)
     return tokens[:, :-1], tokens[:, 1:], seg[:, :-1], weights.astype(jnp.float32)
 
 

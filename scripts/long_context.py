@@ -1,0 +1,209 @@
+"""Train each tiny backbone on each synthetic long-context task at one budget; one results table.
+
+    python scripts/long_context.py                                   # every backbone, MQAR, 300 steps
+    python scripts/long_context.py --backbones=transformer,lmm --tasks=mqar --steps=200
+    python scripts/long_context.py --tasks=niah --context=carry      # once the stateful path exists
+
+For each task x backbone, ``titans-lm train --config=configs/tasks/<task>.py:<backbone>`` runs in
+its own process with the same shape overrides (``--d_model``, ``--n_layers``; ``n_heads`` = d_model
+// 32 where the backbone has attention heads), seed, batch, learning-rate schedule and number of
+steps, so every model sees exactly the same rows. Then the task accuracy of every run is measured
+over the task config's evaluation grid (``titans_lm.eval.tasks.evaluate_task``; MQAR: accuracy per
+query at each (length, pairs); S-NIAH: exact match at each (length, depth)) in ``--context``:
+
+- ``reset`` (default): windows of the training length scored independently; rows longer than the
+  window lose everything before their last window (the no-memory floor);
+- ``whole``: one parallel call over the whole row (the training path at a longer length);
+- ``carry``: the window-by-window stateful path (needs the stateful model API).
+
+``--max_length`` skips longer settings (e.g. ``--max_length=256`` keeps only lengths within the
+training window, where all three contexts agree). Rerunning with the same ``--out`` resumes
+unfinished runs from their checkpoints and reuses finished ones.
+
+Writes ``<out>/results.md`` (one table per task: a row per backbone, a column per setting, plus
+the final training loss and parameters), ``<out>/results.json`` (every record) and
+``<out>/<task>_<context>.png`` (heat map: backbone x setting); prints the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+BACKBONES = ("transformer", "swa", "ttt_linear", "lmm", "mac", "mag", "mal")
+TASKS = ("mqar", "niah")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backbones", default=",".join(BACKBONES), help="comma-separated config names")
+    p.add_argument("--tasks", default="mqar", help="comma-separated: mqar, niah")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--d_model", type=int, default=64)
+    p.add_argument("--n_layers", type=int, default=2)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: config's)")
+    p.add_argument("--vocab_size", type=int, default=None,
+                   help="task vocabulary (default: the task config's; MQAR 8192, S-NIAH 1024)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--context", default="reset", choices=("reset", "whole", "carry"))
+    p.add_argument("--max_length", type=int, default=None, help="skip longer eval settings")
+    p.add_argument("--eval_examples", type=int, default=None, help="rows per eval setting")
+    p.add_argument("--out", default="runs/long_context")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="extra override for every run, e.g. --set=task.train_pairs=(8,16)")
+    return p.parse_args(argv)
+
+
+def overrides(args, backbone: str, task: str) -> dict[str, object]:
+    from titans_lm.data.task_configs import load_backbone_config
+    model = load_backbone_config(backbone).model
+    o: dict[str, object] = {"model.d_model": args.d_model, "model.n_layers": args.n_layers,
+                            "model.d_ff": -(-8 * args.d_model // 3 // 8) * 8,
+                            "train.steps": args.steps, "train.batch_size": args.batch_size,
+                            "train.seed": args.seed, "data.shuffle_seed": args.seed,
+                            "train.log_every": 10, "train.eval_every": max(args.steps // 2, 1),
+                            "train.eval_batches": 2, "train.ckpt_every": max(args.steps // 2, 1),
+                            "optim.warmup_steps": max(1, min(100, args.steps // 10)),
+                            "mesh.data": 1}
+    if "n_heads" in model:
+        o["model.n_heads"] = max(1, args.d_model // 32)
+    if args.lr is not None:
+        o["optim.lr"] = args.lr
+    if args.vocab_size is not None:
+        o["data.vocab_size"] = args.vocab_size
+    if args.eval_examples is not None:
+        o["task.eval_examples"] = args.eval_examples
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        o[k] = v
+    return o
+
+
+def train_run(args, backbone: str, task: str, workdir: Path) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "titans_lm.cli", "train",
+           f"--config={REPO / 'configs' / 'tasks' / f'{task}.py'}:{backbone}",
+           f"--workdir={workdir}", "--noeval_after"]
+    cmd += [f"--config.{k}={v}" for k, v in overrides(args, backbone, task).items()]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    (workdir.parent / f"{workdir.name}.log").write_text(r.stdout + r.stderr)
+    return r.returncode, (r.stderr.strip().splitlines() or [""])[-1]
+
+
+def final_train_loss(workdir: Path, last: int = 3) -> float | None:
+    path = workdir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    losses = [r["loss"] for r in rows if "loss" in r and r.get("split", "train") == "train"]
+    return sum(losses[-last:]) / len(losses[-last:]) if losses else None
+
+
+def setting_label(r: dict) -> str:
+    return f"{r['length']}/{r['pairs']}p" if "pairs" in r else f"{r['length']}@{r['depth']:g}%"
+
+
+def write_results(out: Path, results: list[dict], context: str) -> str:
+    md = []
+    for task in dict.fromkeys(r["task"] for r in results):
+        rows = [r for r in results if r["task"] == task]
+        metric = "token_acc" if task == "mqar" else "exact_match"
+        labels = list(dict.fromkeys(setting_label(x) for r in rows for x in r.get("records", [])))
+        md += [f"### {task}: {metric} (%), context {context}", "",
+               "| backbone | params | final train loss | " + " | ".join(labels) + " |",
+               "|---|---:|---:|" + "---:|" * len(labels)]
+        for r in rows:
+            cell = {setting_label(x): f"{100 * x[metric]:.1f}" for x in r.get("records", [])}
+            loss = "-" if r.get("final_train_loss") is None else f"{r['final_train_loss']:.3f}"
+            status = "" if r["status"] == "ok" else f" ({r['status']})"
+            md.append(f"| {r['backbone']}{status} | {r.get('params', '-')} | {loss} | "
+                      + " | ".join(cell.get(lab, "-") for lab in labels) + " |")
+        md.append("")
+        plot_comparison(out / f"{task}_{context}.png", rows, labels, metric,
+                        f"{task} {metric} (%), context {context}")
+    text = "\n".join(md)
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    return text
+
+
+def plot_comparison(path: Path, rows: list[dict], labels: list[str], metric: str, title: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    grid = np.full((len(rows), len(labels)), np.nan)
+    for i, r in enumerate(rows):
+        for x in r.get("records", []):
+            grid[i, labels.index(setting_label(x))] = 100 * x[metric]
+    fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(labels), 1.0 + 0.45 * len(rows)))
+    im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30)
+    ax.set_yticks(range(len(rows)), [r["backbone"] for r in rows], fontsize=8)
+    for i in range(len(rows)):
+        for j in range(len(labels)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.0f}" if grid[i, j] >= 10 else f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=7,
+                        color="white" if grid[i, j] < 60 else "black")
+    fig.colorbar(im, ax=ax)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's read-only checkpoint notices
+    from titans_lm.eval.tasks import evaluate_task
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for task in args.tasks.split(","):
+        if task not in TASKS:
+            print(f"unknown task {task!r}; valid: {', '.join(TASKS)}", file=sys.stderr)
+            return 2
+        for backbone in args.backbones.split(","):
+            workdir = out / f"{task}-{backbone}"
+            print(f"training {backbone} on {task} in {workdir}", file=sys.stderr, flush=True)
+            rc, last = train_run(args, backbone, task, workdir)
+            row = {"task": task, "backbone": backbone, "workdir": str(workdir),
+                   "status": "ok" if rc == 0 else f"train failed: {last}",
+                   "final_train_loss": final_train_loss(workdir)}
+            if rc == 0:
+                try:
+                    recs = evaluate_task(workdir, context=args.context, max_length=args.max_length,
+                                         log=lambda m: print(m, file=sys.stderr, flush=True))
+                    row["records"] = recs
+                    row["params"] = count_params(workdir)
+                except ValueError as e:
+                    row["status"] = f"eval failed: {e}"
+            results.append(row)
+            write_results(out, results, args.context)
+    print(json.dumps(results, indent=1))
+    print(write_results(out, results, args.context), file=sys.stderr)
+    return 0
+
+
+def count_params(workdir: Path) -> int:
+    from titans_lm.train.checkpoint import Checkpointer
+    from titans_lm.train.state import count_params as n_params, model_fns
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        cfg = ckpt.read_config(ckpt.resolve_step(None))
+    finally:
+        ckpt.close()
+    return n_params(model_fns(cfg.model))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""Task accuracy of a run trained on a synthetic task (``titans_lm.data.tasks``).
+
+Accuracy is measured on the answer positions of each row (``loss_mask``), teacher-forced: the
+prediction at an answer is the argmax of the logits given the true prefix.
+
+- ``token_acc``: the fraction of answer tokens predicted exactly (MQAR: accuracy per query, the
+  metric of Zoology).
+- ``exact_match``: the fraction of rows whose answer tokens are all right (S-NIAH: RULER's exact
+  match of the value; with teacher forcing, all answer tokens right is exactly what greedy
+  decoding of the answer would produce).
+
+How a row longer than one model call is run (``context``):
+
+- ``"reset"``: cut into consecutive windows of the training length ``T``, each scored as a fresh
+  sequence (today's evaluation protocol, ``titans_lm.eval.windows``): nothing carries across a
+  window boundary, so a query can only use what lies in its own window.
+- ``"whole"``: one parallel call over the whole row (the stateless training path at a longer
+  length; attention's cost grows with the square of it).
+- ``"carry"``: consecutive windows of ``T`` with the model state carried (the stateful API:
+  ``model.init_state(B)``, ``model(tokens_BT, segment_ids_BT, state) -> (logits, state)``), one
+  pass in constant memory, equal to ``"whole"`` for every backbone whose stateful call matches its
+  parallel form.
+
+The drivers take a window-level function, so they are independent of the backbone:
+:func:`reset_predictions` / :func:`whole_predictions` take ``predict(inputs_BT, segment_ids_BT)
+-> int[B, T]``, :func:`carry_predictions` takes a stateful model.
+
+Outputs of :func:`evaluate_task`: ``<workdir>/task_<context>.json`` (one record per setting),
+``task_<context>.md`` (the table) and ``task_<context>.png`` (the heat map).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
+CONTEXTS = ("reset", "whole", "carry")
+
+
+def answer_accuracy(predictions_BL: np.ndarray, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    """Counts of right answers.
+
+    Args:
+      predictions_BL: int[B, L], the predicted next token at each input position.
+      batch: ``{"tokens": int[B, L+1], "loss_mask": int[B, L+1]}``.
+
+    Returns:
+      ``{"n_rows", "n_answers", "correct_tokens", "correct_rows", "token_acc", "exact_match"}``.
+
+    Raises:
+      ValueError: shapes that do not match.
+    """
+    tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"])
+    preds = np.asarray(predictions_BL)
+    if preds.shape != (tokens.shape[0], tokens.shape[1] - 1) or mask.shape != tokens.shape:
+        raise ValueError(f"predictions {preds.shape} do not match tokens {tokens.shape} / "
+                         f"loss_mask {mask.shape}: expected [B, L] with [B, L+1]")
+    m = mask[:, 1:] != 0
+    right = (preds == tokens[:, 1:]) & m
+    n_ans, n_right = int(m.sum()), int(right.sum())
+    rows = int(np.all(right | ~m, axis=1).sum())
+    return {"n_rows": int(tokens.shape[0]), "n_answers": n_ans, "correct_tokens": n_right,
+            "correct_rows": rows, "token_acc": n_right / max(n_ans, 1),
+            "exact_match": rows / max(int(tokens.shape[0]), 1)}
+
+
+def reset_predictions(predict: Predict, inputs_BL: np.ndarray, segment_ids_BL: np.ndarray,
+                      window: int) -> np.ndarray:
+    """Predictions with each window of ``window`` inputs run on its own (``context="reset"``).
+
+    The last window is padded to ``window`` with PAD / segment 0 (one compiled shape); the
+    padding's predictions are dropped. Returns int32[B, L].
+    """
+    B, L = inputs_BL.shape
+    out = np.zeros((B, L), np.int32)
+    for s in range(0, L, window):
+        x, g = inputs_BL[:, s:s + window], segment_ids_BL[:, s:s + window]
+        n = x.shape[1]
+        if n < window:
+            x = np.pad(x, ((0, 0), (0, window - n)))
+            g = np.pad(g, ((0, 0), (0, window - n)))
+        out[:, s:s + n] = np.asarray(predict(x, g))[:, :n]
+    return out
+
+
+def whole_predictions(predict: Predict, inputs_BL: np.ndarray, segment_ids_BL: np.ndarray,
+                      window: int | None = None) -> np.ndarray:
+    """Predictions of one call over the whole row (``context="whole"``). Returns int32[B, L]."""
+    del window
+    return np.asarray(predict(inputs_BL, segment_ids_BL)).astype(np.int32)
+
+
+def carry_predictions(model: Any, inputs_BL: np.ndarray, segment_ids_BL: np.ndarray,
+                      window: int) -> np.ndarray:
+    """Predictions streaming windows of ``window`` inputs with the state carried
+    (``context="carry"``), by the stateful API: ``state = model.init_state(B)``, then for each
+    window ``logits_BTV, state = model(tokens_BT, segment_ids_BT, state)``.
+
+    The last window is passed at its own (shorter) length, so no padding enters the state.
+    Returns int32[B, L] (argmax of the logits).
+
+    Raises:
+      ValueError: a model without ``init_state`` (a build without the stateful API).
+    """
+    if not hasattr(model, "init_state"):
+        raise ValueError("context 'carry' needs a model with the stateful API (model.init_state(B) "
+                         "and model(tokens, segment_ids, state) -> (logits, state)); this model "
+                         "has none: use context 'reset' or 'whole'")
+    B, L = inputs_BL.shape
+    state = model.init_state(B)
+    out = np.zeros((B, L), np.int32)
+    for s in range(0, L, window):
+        logits, state = model(inputs_BL[:, s:s + window], segment_ids_BL[:, s:s + window], state)
+        out[:, s:s + window] = np.argmax(np.asarray(logits), axis=-1)
+    return out
+
+
+def task_accuracy(run: Callable[..., np.ndarray], fn: Any, batches: Sequence[dict[str, np.ndarray]],
+                  window: int) -> dict[str, float]:
+    """Accuracy summed over ``batches`` with the driver ``run`` (one of the three above) and its
+    window-level ``fn``; same keys as :func:`answer_accuracy`."""
+    tot = {"n_rows": 0, "n_answers": 0, "correct_tokens": 0, "correct_rows": 0}
+    for b in batches:
+        preds = run(fn, b["tokens"][:, :-1], b["segment_ids"][:, :-1], window)
+        a = answer_accuracy(preds, b)
+        for k in tot:
+            tot[k] += a[k]
+    tot["token_acc"] = tot["correct_tokens"] / max(tot["n_answers"], 1)
+    tot["exact_match"] = tot["correct_rows"] / max(tot["n_rows"], 1)
+    return tot
+
+
+class JittedStateful:
+    """The stateful API of a trained model (``init_state`` / ``__call__``), jitted once per call
+    shape: wraps ``ModelFns`` and parameters for :func:`carry_predictions`.
+
+    Raises:
+      ValueError: the model has no stateful API (no ``init_state``).
+    """
+
+    def __init__(self, fns: Any, params: Any):
+        import jax
+        from flax import nnx
+
+        with nnx.use_eager_sharding(False):
+            model = fns.module(params)
+        if not hasattr(model, "init_state"):
+            raise ValueError("context 'carry' needs the stateful model API (model.init_state); "
+                             "this build has none: use context 'reset' or 'whole'")
+
+        def init(batch_size):
+            with nnx.use_eager_sharding(False):
+                return fns.module(params).init_state(batch_size)
+
+        def step(p, tokens, segs, state):
+            with nnx.use_eager_sharding(False):
+                return fns.module(p)(tokens, segs, state)
+
+        self._params = params
+        self._init = init
+        self._step = jax.jit(step)
+
+    def init_state(self, batch_size: int):
+        return self._init(batch_size)
+
+    def __call__(self, tokens_BT, segment_ids_BT, state):
+        return self._step(self._params, tokens_BT, segment_ids_BT, state)
+
+
+DRIVERS = {"reset": reset_predictions, "whole": whole_predictions, "carry": carry_predictions}
+
+
+# -------------------------------------------------------------------------------- tables, plots
+
+def _col_key(r: dict) -> str:
+    return f"{r['pairs']} pairs" if "pairs" in r else f"depth {r['depth']:g}%"
+
+
+def _grid(records: Sequence[dict]) -> tuple[list[str], list[str], dict]:
+    """(row labels, column labels, {(row, col): record}): S-NIAH rows are depths and columns
+    lengths; MQAR (one pair count per length) has one row and columns "length (pairs)"."""
+    if records and "pairs" in records[0]:
+        cols = [f"{r['length']} ({r['pairs']} pairs)" for r in records]
+        return ["MQAR"], cols, {("MQAR", c): r for c, r in zip(cols, records)}
+    lengths = sorted({r["length"] for r in records})
+    rows = list(dict.fromkeys(_col_key(r) for r in records))
+    return rows, [str(x) for x in lengths], {(_col_key(r), str(r["length"])): r for r in records}
+
+
+def format_task_table(records: Sequence[dict], metric: str = "token_acc", title: str = "") -> str:
+    """Markdown table of ``metric`` (in %): S-NIAH one row per depth and one column per length;
+    MQAR one row with a column per (length, pairs)."""
+    rows, cols, cell = _grid(records)
+    lines = ([title, ""] if title else []) + [
+        f"| {'depth' if rows and rows[0] != 'MQAR' else 'task'} | "
+        + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for r in rows:
+        vals = [cell.get((r, c)) for c in cols]
+        lines.append(f"| {r} | " + " | ".join(f"{100 * v[metric]:.1f}" if v else "" for v in vals)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_task_heatmap(records: Sequence[dict], path: str | Path, metric: str = "token_acc",
+                      title: str = "") -> Path:
+    """A PNG heat map of ``metric`` in % (S-NIAH: depth x length; MQAR: one row by length)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cols, cell = _grid(records)
+    grid = np.full((len(rows), len(cols)), np.nan)
+    for (r, c), rec in cell.items():
+        grid[rows.index(r), cols.index(c)] = 100.0 * rec[metric]
+    fig, ax = plt.subplots(figsize=(2.0 + 1.3 * len(cols), 1.2 + 0.45 * len(rows)))
+    im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(cols)), cols, fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_xlabel("sequence length (tokens)")
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if not math.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.0f}" if grid[i, j] >= 10 else f"{grid[i, j]:.1f}", ha="center", va="center",
+                        color="white" if grid[i, j] < 60 else "black", fontsize=8)
+    fig.colorbar(im, ax=ax, label=f"{metric} (%)")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------- evaluation
+
+def is_task_run(workdir: str | Path, step: int | None = None) -> bool:
+    """Whether the run in ``workdir`` was trained on a synthetic task (``data.task`` set)."""
+    from titans_lm.train.checkpoint import Checkpointer
+    ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
+    try:
+        return bool(ckpt.read_config(ckpt.resolve_step(step)).data.get("task", ""))
+    finally:
+        ckpt.close()
+
+
+def eval_batches_for(cfg, setting: dict, *, n_examples: int, batch_size: int
+                     ) -> list[dict[str, np.ndarray]]:
+    """The fixed evaluation rows of one setting (split "test", seeded by ``data.shuffle_seed``
+    and the setting), in batches of ``batch_size`` (the last one may be smaller)."""
+    from titans_lm.data.tasks import task_rows, task_spec
+    spec = task_spec(cfg)
+    index = (setting["length"], setting.get("pairs", 0), int(round(10 * setting.get("depth", 0))))
+    rows = task_rows(spec, "test", cfg.data.shuffle_seed, index, n_examples, setting["length"],
+                     num_pairs=setting.get("pairs"), depth=setting.get("depth"))
+    return [{k: v[i:i + batch_size] for k, v in rows.items()}
+            for i in range(0, n_examples, batch_size)]
+
+
+def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str | None = None,
+                  max_length: int | None = None, log: Callable[[str], None] = print
+                  ) -> list[dict[str, Any]]:
+    """Task accuracy of the run in ``workdir`` over its config's evaluation grid.
+
+    Args:
+      workdir: a run trained with ``data.task`` set.
+      step: the checkpoint (default: the newest).
+      context: "reset", "whole" or "carry" (default: the config's ``task.eval_context``).
+      max_length: skip settings longer than this (e.g. "whole" attention at 16K on a CPU).
+      log: message sink.
+
+    Returns:
+      one record per setting (``length``, ``pairs`` or ``depth``, ``context`` and the counts and
+      rates of :func:`answer_accuracy`), also written to ``<workdir>/task_<context>.json`` with the
+      table (``.md``) and heat map (``.png``).
+
+    Raises:
+      ValueError: an unknown context, or "carry" with a model that has no stateful API.
+      titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from titans_lm.data.tasks import eval_settings
+    from titans_lm.train.checkpoint import Checkpointer
+    from titans_lm.train.state import model_fns
+
+    workdir = Path(workdir).resolve()
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
+        step = ckpt.resolve_step(step)
+        cfg = ckpt.read_config(step)
+        fns = model_fns(cfg.model)
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
+                                fns.abstract_params())
+        params, step = ckpt.restore_params(abstract, step)
+    finally:
+        ckpt.close()
+    context = context or cfg.task.get("eval_context", "reset")
+    if context not in CONTEXTS:
+        raise ValueError(f"unknown context {context!r}; valid: {', '.join(CONTEXTS)}")
+    window = int(cfg.data.seq_len)
+    if context == "carry":
+        fn = JittedStateful(fns, params)
+    else:
+        fn = jax.jit(lambda x, g: jnp.argmax(fns.apply(params, x, g), axis=-1))
+    n_examples = int(cfg.task.get("eval_examples", 64))
+    batch_size = int(cfg.task.get("eval_batch_size", 16))
+    records = []
+    for setting in eval_settings(cfg):
+        if max_length is not None and setting["length"] > max_length:
+            continue
+        batches = eval_batches_for(cfg, setting, n_examples=n_examples, batch_size=batch_size)
+        acc = task_accuracy(DRIVERS[context], fn, batches, window)
+        rec = {**setting, "context": context, "task": cfg.data.task,
+               "variant": cfg.task.get("variant", "") if cfg.data.task == "niah" else "",
+               "model_name": cfg.model.name, "window": window, "step": step, **acc}
+        records.append(rec)
+        log(f"{cfg.data.task} length {setting['length']} {_col_key(setting)} ({context}): "
+            f"token acc {100 * acc['token_acc']:.1f}%, exact match {100 * acc['exact_match']:.1f}%")
+    title = (f"{cfg.data.task} {cfg.task.get('variant', '') if cfg.data.task == 'niah' else ''} "
+             f"{cfg.model.name} step {step}, context {context} (training window {window})")
+    metric = "token_acc" if cfg.data.task == "mqar" else "exact_match"
+    if jax.process_index() == 0 and records:
+        (workdir / f"task_{context}.json").write_text(json.dumps(records, indent=1) + "\n")
+        table = format_task_table(records, metric, f"{title}: {metric} (%)")
+        (workdir / f"task_{context}.md").write_text(table)
+        plot_task_heatmap(records, workdir / f"task_{context}.png", metric, title)
+        log(table)
+    return records
