@@ -5,13 +5,15 @@ import jax
 import numpy as np
 import pytest
 
-from test_eval_streaming import _model
+from test_eval_streaming import _model as _build_model
 from titans_lm.config import BOS_ID
 from titans_lm.eval.streaming import StatefulLM
-from titans_lm.generate.decode import generate, pad_prompts
+from titans_lm.generate.decode import Decoder, generate, pad_prompts
 from titans_lm.generate.sampling import SamplingConfig
 
-BACKBONES = [("transformer", {"max_context": 64}), ("lmm", {}), ("mal", {})]
+# One attention and one memory backbone: the loop is the same for all (every backbone's decode
+# == parallel forward is tests/test_stateful.py's).
+BACKBONES = [("transformer", {"max_context": 64}), ("lmm", {})]
 IDS = [b[0] for b in BACKBONES]
 
 
@@ -28,10 +30,26 @@ def _prompt(n, seed):
     return t
 
 
-def _run(fns, params, prompts, n_new, **kw):
-    lm = StatefulLM(fns)
-    return generate(lm.init_state, lm.apply, params, prompts, max_new_tokens=n_new,
-                    return_logits=True, **kw)
+_DECODERS = {}
+_MODELS = {}
+
+
+def _model(name, **changes):
+    """The float64 test model (built once per module and setting)."""
+    key = (name, tuple(sorted(changes.items())))
+    if key not in _MODELS:
+        _MODELS[key] = _build_model(name, **changes)
+    return _MODELS[key]
+
+
+def _run(fns, params, prompts, n_new, sampling=SamplingConfig(temperature=0.0), **kw):
+    """generate() with one Decoder per model and sampling setting (compiled shapes reused)."""
+    key = (id(fns), sampling)
+    if key not in _DECODERS:
+        lm = StatefulLM(fns)
+        _DECODERS[key] = (fns, Decoder(lm.init_state, lm.apply, sampling))
+    return generate(_DECODERS[key][1], params, prompts, max_new_tokens=n_new, return_logits=True,
+                    **kw)
 
 
 @pytest.mark.parametrize("name,changes", BACKBONES, ids=IDS)

@@ -137,28 +137,67 @@ def make_decode_fns(init_state: Callable, apply: Callable, sampling: SamplingCon
     return prefill, decode
 
 
-def generate(init_state: Callable, apply: Callable, params: Any, prompts: Sequence[np.ndarray], *,
-             max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(temperature=0.0),
-             seed: int = 0, on_tokens: Callable[[np.ndarray, np.ndarray], None] | None = None,
-             return_logits: bool = False) -> Generation | tuple[Generation, np.ndarray]:
-    """Prefill the prompts in parallel, then decode ``max_new_tokens`` per row (module docstring).
+PROMPT_BUCKET = 64  # prompt arrays are padded to a multiple of this (one decode compile per B)
+
+
+class Decoder:
+    """The compiled prefill and decode functions of one model and sampling setting.
+
+    Compiled ahead of time on first use for each shape and kept: prefill per (B, padded prompt
+    length, L_min), decode per (B, padded prompt length), prompts padded to a multiple of
+    :data:`PROMPT_BUCKET` (padding is never read: a row's forced tokens stop at its length).
 
     Args:
       init_state, apply: the model's stateful calls (see :func:`make_decode_fns`), e.g. those of
         :class:`titans_lm.eval.streaming.StatefulLM`.
+      sampling: how sampled tokens are chosen (default greedy).
+    """
+
+    def __init__(self, init_state: Callable, apply: Callable,
+                 sampling: SamplingConfig = SamplingConfig(temperature=0.0)):
+        self.sampling = sampling
+        self._prefill_fn, self._decode_fn = make_decode_fns(init_state, apply, sampling)
+        self._prefill_jit = jax.jit(self._prefill_fn, static_argnums=4)
+        self._decode_jit = jax.jit(self._decode_fn, donate_argnums=1)
+        self._cache: dict[tuple, Any] = {}
+
+    def compiled(self, params, prompt_BL, lengths_B, base_keys_B, l_min: int):
+        """``(prefill, decode)`` compiled for these shapes (cached)."""
+        B, L = prompt_BL.shape
+        kp, kd = ("prefill", B, L, l_min), ("decode", B, L)
+        if kp not in self._cache:
+            self._cache[kp] = self._prefill_jit.lower(params, prompt_BL, lengths_B, base_keys_B,
+                                                      l_min).compile()
+        if kd not in self._cache:
+            state = jax.eval_shape(functools.partial(self._prefill_fn, l_min=l_min), params,
+                                   prompt_BL, lengths_B, base_keys_B)[2]
+            self._cache[kd] = self._decode_jit.lower(
+                params, state, jnp.zeros((B,), jnp.int32), jnp.int32(0), prompt_BL, lengths_B,
+                base_keys_B).compile()
+        return self._cache[kp], self._cache[kd]
+
+
+def generate(decoder: Decoder, params: Any, prompts: Sequence[np.ndarray], *,
+             max_new_tokens: int, seed: int = 0,
+             on_tokens: Callable[[np.ndarray, np.ndarray], None] | None = None,
+             return_logits: bool = False) -> Generation | tuple[Generation, np.ndarray]:
+    """Prefill the prompts in parallel, then decode ``max_new_tokens`` per row (module docstring).
+
+    Args:
+      decoder: the model's :class:`Decoder` (its sampling setting is used).
       params: the model parameters.
       prompts: one int token array per row, each beginning with BOS (lengths may differ).
       max_new_tokens: tokens to sample per row (>= 1).
-      sampling: temperature / top-k / top-p (default greedy).
       seed: PRNG seed of the samples.
       on_tokens: called after every call with ``(tokens_B, is_new_B)``: the token each row will be
         fed next and whether it is a sampled one (False: still the prompt, or the row is done);
         e.g. to print text as it is produced.
-      return_logits: also return float32 [B, L_max - L_min + max_new_tokens, V]: the logits after
+      return_logits: also return float [B, L_max - L_min + max_new_tokens, V]: the logits after
         each stream position from ``L_min - 1`` on (for tests).
 
     Returns:
-      :class:`Generation` (and the logits when ``return_logits``).
+      :class:`Generation` (and the logits when ``return_logits``). ``compile_seconds`` is 0 when
+      the decoder had compiled these shapes already.
 
     Raises:
       ValueError: ``max_new_tokens < 1``; see :func:`pad_prompts`.
@@ -169,20 +208,14 @@ def generate(init_state: Callable, apply: Callable, params: Any, prompts: Sequen
     prompt_np, lengths_np = pad_prompts(prompts)
     B = prompt_np.shape[0]
     l_min, l_max = int(lengths_np.min()), int(lengths_np.max())
-    prefill_fn, decode_fn = make_decode_fns(init_state, apply, sampling)
+    width = -(-l_max // PROMPT_BUCKET) * PROMPT_BUCKET
+    prompt_np = np.pad(prompt_np, ((0, 0), (0, width - l_max)))
     prompt_BL, lengths_B = jnp.asarray(prompt_np), jnp.asarray(lengths_np)
     root = jax.random.key(int(seed))
     base_keys_B = jax.vmap(lambda r: jax.random.fold_in(root, r))(jnp.arange(B))
 
     t0 = time.perf_counter()
-    prefill_c = jax.jit(prefill_fn, static_argnums=4).lower(
-        params, prompt_BL, lengths_B, base_keys_B, l_min).compile()
-    state_shape = jax.eval_shape(functools.partial(prefill_fn, l_min=l_min), params, prompt_BL,
-                                 lengths_B, base_keys_B)[2]
-    q0 = jnp.int32(0)
-    decode_c = jax.jit(decode_fn, donate_argnums=1).lower(
-        params, state_shape, jnp.zeros((B,), jnp.int32), q0, prompt_BL, lengths_B,
-        base_keys_B).compile()
+    prefill_c, decode_c = decoder.compiled(params, prompt_BL, lengths_B, base_keys_B, l_min)
     compile_s = time.perf_counter() - t0
 
     out = np.zeros((B, n_new), np.int32)
@@ -224,4 +257,4 @@ def generate(init_state: Callable, apply: Callable, params: Any, prompts: Sequen
     return gen
 
 
-__all__ = ["Generation", "generate", "make_decode_fns", "pad_prompts"]
+__all__ = ["Decoder", "Generation", "PROMPT_BUCKET", "generate", "make_decode_fns", "pad_prompts"]

@@ -30,7 +30,7 @@ from typing import TextIO
 import ml_collections
 import numpy as np
 
-from titans_lm.generate.decode import Generation, generate
+from titans_lm.generate.decode import Decoder, Generation, generate
 from titans_lm.generate.sampling import SamplingConfig
 
 
@@ -187,8 +187,8 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
     if single:
         out.write(prompts[0])
         out.flush()
-    gen = generate(lm.init_state, lm.apply, run.params, ids, max_new_tokens=max_new_tokens,
-                   sampling=sampling, seed=seed, on_tokens=on_tokens)
+    gen = generate(Decoder(lm.init_state, lm.apply, sampling), run.params, ids,
+                   max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens)
     texts = [s.text() for s in streams]
     if single:
         rest = texts[0][streams[0].printed:]
