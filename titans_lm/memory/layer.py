@@ -313,9 +313,8 @@ class NeuralMemory(nnx.Module):
         return (tuple(sel(reset_B, i, p) for i, p in zip(init_params, params)),
                 tuple(sel(reset_B, i, m) for i, m in zip(init_momentum, momentum)))
 
-    def scan(self, state: State, q, k, v, theta, eta, alpha, reset=None, *,
-             read: Optional[str] = None, reset_to: Optional[tuple] = None, state_length=None,
-             log_keep=None):
+    def scan(self, state: State, q, k, v, theta, eta, alpha, reset=None, log_keep=None, *,
+             read: Optional[str] = None, reset_to: Optional[tuple] = None, state_length=None):
         """Write every token into the memory and read every query (vmapped engine).
 
         Args:
@@ -324,9 +323,10 @@ class NeuralMemory(nnx.Module):
           read: "after_write" | "chunk_start"; None uses cfg.read.
           reset_to: parameters with leading [B, H] that a reset (at a chunk start) restores,
             with zero momentum; None restores the learned W0 (not the given state).
+          log_keep: [B, H, T] log(1 - alpha) (MemoryInputs.log_keep), used instead of alpha;
+            after reset in MemoryInputs' order, so ``scan(state, *inputs)`` passes it.
           state_length: None, or an int scalar (may be traced) shared by all rows: return the
             state after that many tokens (``memory_scan``'s ``state_length``).
-          log_keep: [B, H, T] log(1 - alpha) (MemoryInputs.log_keep), used instead of alpha.
         Returns:
           (reads [B, H, T, Dh], final state) in the inner dtype.
         Raises:

@@ -64,11 +64,12 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # 2 (1 + eta^b). Text reaches strong key correlations (repetitive passages; the attention outputs
 # that MAC writes reach c ~ 0.96), and the optimiser drives theta and eta up within tens of steps.
 # Measured on the tiny LMM/MAC on the books corpus at lr 3e-3 (batch 4, warmup 10): the layer's
-# defaults (theta < 0.1, eta < 1), theta < 0.01, theta < 0.002, chunks of 4, and theta < 0.002
+# former defaults (theta < 0.1, eta < 1), theta < 0.01, theta < 0.002, chunks of 4, and theta < 0.002
 # with eta < 0.9 all gave NaN losses within 5-28 steps (eta was driven to 0.96-0.999). With
 # theta < 0.0005 and eta < 0.9 (b = 16, c = 1: 0.0005 * 2 * 16 * 87 = 1.4 < 2.4) MAC trained 50
 # steps cleanly. So the Titans configs keep theta in (0, 0.0005), starting at 0.00025, and bound
-# the momentum gate to (0, 0.9) (``MemoryConfig.eta_max``). The effective per-token rate
+# the momentum gate to (0, 0.9) (``MemoryConfig.eta_max``), which are now MemoryConfig's own
+# defaults (``MemoryConfig.write_gain``). The effective per-token rate
 # theta / (1 - eta) is then at most 0.005 (TTT-Linear: base_lr / head_dim = 0.016 without momentum,
 # stabilised by its LayerNorm inner model).
 TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_activation="silu",
