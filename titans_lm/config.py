@@ -97,3 +97,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         need(v == -1 or v >= 1, f"mesh.{ax}", f"must be -1 or >= 1, got {v}")
     need(cfg.eval.batch_size > 0, "eval.batch_size", "must be positive")
     need("name" in cfg.model, "model.name", "missing: the config file must set model.name")
+    if "memory" in cfg.model and "chunk_size" in cfg.model.memory:
+        # The memory returns to its initial state only at chunk starts, and documents start at
+        # multiples of doc_align: a chunk must never straddle a document start.
+        chunk = int(cfg.model.memory.chunk_size)
+        need(chunk > 0 and cfg.data.doc_align % chunk == 0, "model.memory.chunk_size",
+             f"{chunk} must divide data.doc_align={cfg.data.doc_align} (documents start at "
+             "multiples of doc_align and the memory resets only at chunk starts); for larger "
+             "chunks raise data.doc_align to a multiple of the chunk size that divides "
+             f"data.seq_len={cfg.data.seq_len}, e.g. --config.data.doc_align={max(chunk, 1)} "
+             "(documents are then padded to multiples of it)")
