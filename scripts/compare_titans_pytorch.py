@@ -57,7 +57,8 @@ def jax_worker(chunk: int, T: int):
 
     cfg = MemoryConfig(d_model=D_MODEL, n_heads=HEADS, head_dim=HEAD_DIM, memory_depth=DEPTH,
                        memory_expansion=EXPANSION, chunk_size=chunk)
-    layer = NeuralMemory(cfg, rngs=nnx.Rngs(0))
+    with nnx.use_eager_sharding(False):          # logical axis names stay metadata
+        layer = NeuralMemory(cfg, rngs=nnx.Rngs(0))
     gdef, params = nnx.split(layer)
     x = jax.random.normal(jax.random.key(1), (1, T, D_MODEL), jnp.float32)
 
