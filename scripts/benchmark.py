@@ -35,8 +35,8 @@ size) and MFU against T.
 
 ``--abstract``: compile the train step against abstract inputs only (no state is allocated, nothing
 runs) and report its memory analysis: how the paper sizes fit an accelerator (``--fit_gib``).
-XLA's CPU compiler assigns buffers without the rematerialisation passes of the GPU/TPU pipelines
-(see ``titans_lm.models.remat``), so CPU numbers are upper bounds of a device's.
+On CPU the estimate of the unrolled layer loop does not reflect block remat (measured; see
+``titans_lm.models.remat``), so it is an upper bound of what a device needs.
 
 Sizes: ``tiny`` or a config size; ``125m`` means the Transformer++ 125m and, for the memory
 backbones (whose smallest paper size is 170m), their ``170m``. ``--chunks`` overrides
