@@ -1,20 +1,46 @@
-"""Benchmark the train step: throughput, compile time and memory, one JSON object per config.
+"""Benchmark the backbones' train step and forward: tokens/s, FLOPs, MFU, compile time, memory.
 
-    python scripts/benchmark.py                              # tiny (its own B x T) and 125m at 1 x 1024
-    python scripts/benchmark.py --sizes=tiny --batch_size=8 --seq_len=512 --steps=5
-    python scripts/benchmark.py --config=configs/transformer.py --sizes=125m --compute_dtype=float32
+    python scripts/benchmark.py                                   # quick: tiny transformer + lmm, T 256 1K
+    python scripts/benchmark.py --backbones all --T 256 1024 4096 16384 --png runs/bench.png
+    python scripts/benchmark.py --backbones lmm --chunks 16 64 256 1024 --T 4096
+    python scripts/benchmark.py --backbones lmm ttt_mlp --sizes 125m --T 4096 --abstract  # memory only
+    python scripts/benchmark.py engine ...     # the memory engine alone (scripts/benchmark_memory.py)
+    python scripts/benchmark.py pallas ...     # pallas vs chunked (scripts/benchmark_pallas.py)
 
-For each size: build the model of ``<config>:<size>`` with its vocabulary, initialise the train
-state on a one-device mesh (or ``--mesh_data`` devices), lower and compile the jitted train step
-(timed separately: ``lower_s``, ``compile_s``), run ``--warmup`` steps, then time ``--steps`` steps
-on random tokens (one document per row). Reported:
+Grid: backbone (``configs/<name>.py``) x size x memory impl x chunk size x T, at batch ``--batch``
+(one document per row, random tokens). Every configuration is compiled first (lower and compile
+timed apart); then the timing runs in ``--repeats`` round-robin rounds, each round calling every
+configuration once (train step, then forward) and large float32 matmuls (``--peak_n``; the
+machine's measured peak is the best rate any of them reached), so that load drift on a shared
+machine hits every configuration alike.
+Reported per configuration (one JSON object per line, on stdout and in ``--out``):
 
-- ``tokens_per_sec``: B * T * steps / wall time of the timed steps (forward + backward + AdamW);
-- ``step_s``: mean seconds per timed step;
-- ``memory``: XLA's compiled memory analysis (argument, output, temp and generated-code bytes;
-  ``peak_estimate_bytes`` = argument + output + temp - aliased, the device memory the step needs)
-  and ``max_rss_bytes``, the process's peak resident memory so far (getrusage);
-- the config actually run (B, T, parameter count, dtypes, remat).
+- ``flops_per_token``: the analytic forward count (``titans_lm.perf.flops``: ``fwd_model`` the
+  architecture's matmuls with causal attention, ``fwd_executed`` what this implementation computes,
+  the parts, and ``train_*`` = 3x forward), and ``xla_flops_per_token`` (XLA's ``cost_analysis``
+  of the compiled train step and forward, for comparison: it counts elementwise work and remat's
+  recomputation, and a loop body (the memory's chunk scan, MAC's segments) once);
+- ``train`` / ``fwd``: ``lower_s``, ``compile_s``, ``step_s`` (median) and ``step_s_min``,
+  ``tokens_per_s`` (median) and ``tokens_per_s_max`` (from the minimum), ``mfu`` (model FLOPs / s
+  of the median over the peak), ``mfu_best`` (of the minimum), ``mfu_executed`` (executed FLOPs
+  of the median), and ``memory``: XLA's compiled
+  memory analysis (argument, output, temp, alias, generated-code bytes; ``peak_estimate_bytes`` =
+  argument + output + temp - alias, the device memory the program needs);
+- ``max_rss_bytes``: the process's peak resident memory after the configuration's compile and
+  warm-up (getrusage; it only grows, so it bounds every configuration compiled before it).
+
+The last line (``"summary": "peak"``) gives the peak and each matmul's median and max GFLOP/s.
+``--png`` draws tokens/s against T (log-log, one panel per mode, one line per backbone and chunk
+size) and MFU against T.
+
+``--abstract``: compile the train step against abstract inputs only (no state is allocated, nothing
+runs) and report its memory analysis: how the paper sizes fit an accelerator (``--fit_gib``).
+On CPU the estimate of the unrolled layer loop does not reflect block remat (measured; see
+``titans_lm.models.remat``), so it is an upper bound of what a device needs.
+
+Sizes: ``tiny`` or a config size; ``125m`` means the Transformer++ 125m and, for the memory
+backbones (whose smallest paper size is 170m), their ``170m``. ``--chunks`` overrides
+``model.memory.chunk_size`` (MAC's ``segment_len`` is raised to the chunk size when smaller).
 """
 
 from __future__ import annotations
@@ -22,110 +48,318 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import os
 import resource
+import runpy
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from titans_lm.train import sharding as shd
-from titans_lm.train.optimizer import make_optimizer
-from titans_lm.train.state import count_params, init_state, model_fns, state_shardings
-from titans_lm.train.step import jit_train_step
-
-DEFAULT_SHAPES = {"tiny": (None, None), "125m": (1, 1024)}  # size -> (B, T); None: the config's
+ROOT = Path(__file__).resolve().parent.parent
+BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
+MEMORY_BACKBONES = BACKBONES[1:]
 
 
-def load_config(path: str, size: str):
-    """``get_config(size)`` of a config file."""
-    spec = importlib.util.spec_from_file_location("bench_config", path)
+def load_config(backbone: str, size: str):
+    """``get_config(size)`` of ``configs/<backbone>.py`` (``125m`` -> ``170m`` for memory backbones)."""
+    path = ROOT / "configs" / f"{backbone}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{backbone}", path)
     if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"config file {path!r} not found")
+        raise FileNotFoundError(f"config file {path} not found")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if size == "125m" and backbone != "transformer":
+        size = "170m"
     return mod.get_config(size)
 
 
-def bench(cfg, *, batch_size: int, seq_len: int, steps: int, warmup: int, mesh_data: int) -> dict:
-    """Measure one config; see the module docstring for the fields."""
-    cfg.train.batch_size, cfg.data.seq_len, cfg.train.grad_accum = batch_size, seq_len, 1
-    mesh = shd.make_mesh({"data": mesh_data, "fsdp": 1, "tensor": 1})
-    fns = model_fns(cfg.model)
-    tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    state = init_state(cfg.model, fns, tx, mesh, seed=0)
-    step_fn = jit_train_step(fns, tx, schedule, state_shardings(fns, tx, mesh), mesh,
-                             compute_dtype=cfg.train.compute_dtype)
-    spec = {k: jax.ShapeDtypeStruct((batch_size, seq_len + 1), np.int32,
-                                    sharding=shd.batch_sharding(mesh))
-            for k in ("tokens", "segment_ids")}
-    t0 = time.perf_counter()
-    lowered = step_fn.lower(state, spec)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
-    mem = compiled.memory_analysis()
-    rng = np.random.default_rng(0)
-    V = cfg.model.vocab_size
-
-    def batch():
-        return shd.put_batch({"tokens": rng.integers(4, V, (batch_size, seq_len + 1), dtype=np.int32),
-                              "segment_ids": np.ones((batch_size, seq_len + 1), np.int32)}, mesh)
-
-    for _ in range(warmup):
-        state, m = compiled(state, batch())
-    jax.block_until_ready(m)
-    batches = [batch() for _ in range(steps)]
-    t3 = time.perf_counter()
-    for b in batches:
-        state, m = compiled(state, b)
-    loss = float(jax.block_until_ready(m)["loss"])
-    elapsed = time.perf_counter() - t3
-    out = {
-        "config": f"{cfg.model.name}:{cfg.model.get('size', '?')}",
-        "n_params": count_params(fns), "batch_size": batch_size, "seq_len": seq_len,
-        "model_dtype": cfg.model.get("dtype", "float32"), "compute_dtype": cfg.train.compute_dtype,
-        "remat": cfg.model.get("remat", "none"), "devices": mesh.size,
-        "platform": jax.devices()[0].platform,
-        "lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
-        "timed_steps": steps, "step_s": round(elapsed / steps, 4),
-        "tokens_per_sec": round(batch_size * seq_len * steps / elapsed, 1),
-        "last_loss": round(loss, 4),
-    }
-    if mem is not None:
-        fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-                  "alias_size_in_bytes", "generated_code_size_in_bytes")
-        m_out = {f.removesuffix("_in_bytes") + "_bytes": int(getattr(mem, f, 0)) for f in fields}
-        m_out["peak_estimate_bytes"] = (m_out["argument_size_bytes"] + m_out["output_size_bytes"]
-                                        + m_out["temp_size_bytes"] - m_out["alias_size_bytes"])
-        out["memory"] = m_out
-    out.setdefault("memory", {})["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def memory_fields(mem) -> dict:
+    """XLA's compiled memory analysis as bytes (``peak_estimate_bytes``: see the docstring)."""
+    if mem is None:
+        return {}
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+              "alias_size_in_bytes", "generated_code_size_in_bytes")
+    out = {f.removesuffix("_in_bytes") + "_bytes": int(getattr(mem, f, 0) or 0) for f in fields}
+    out["peak_estimate_bytes"] = (out["argument_size_bytes"] + out["output_size_bytes"]
+                                  + out["temp_size_bytes"] - out["alias_size_bytes"])
     return out
 
 
-def main(argv=None) -> int:
+def xla_flops(compiled) -> float | None:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001  (backends without a cost model)
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def max_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Job:
+    """One compiled program with its arguments; ``call()`` runs it once, synchronised."""
+
+    def __init__(self, compiled, args, *, carry_state: bool):
+        self.compiled, self.args, self.carry_state, self.times = compiled, list(args), carry_state, []
+
+    def call(self):
+        t0 = time.perf_counter()
+        out = self.compiled(*self.args)
+        jax.block_until_ready(out)
+        self.times.append(time.perf_counter() - t0)
+        if self.carry_state:            # the train step donates its state: keep the new one
+            self.args[0] = out[0]
+
+
+def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: int | None,
+          remat: str | None, dtype: str | None, modes: list[str], abstract: bool):
+    """Build and compile one configuration. Returns (row, jobs)."""
+    from titans_lm.perf.flops import count_flops
+    from titans_lm.train import sharding as shd
+    from titans_lm.train.optimizer import make_optimizer
+    from titans_lm.train.state import (abstract_state, count_params, init_state, model_fns,
+                                       state_shardings)
+    from titans_lm.train.step import jit_train_step
+
+    cfg = load_config(backbone, size)
+    m = cfg.model
+    if backbone in MEMORY_BACKBONES:
+        if impl:
+            m.memory.impl = impl
+        if chunk:
+            m.memory.chunk_size = chunk
+            if backbone == "mac" and m.segment_len % chunk:
+                m.segment_len = max(chunk, math.ceil(m.segment_len / chunk) * chunk)
+    if remat:
+        m.remat = remat
+    if dtype:
+        cfg.train.compute_dtype = m.dtype = dtype
+    cfg.train.batch_size, cfg.data.seq_len, cfg.train.grad_accum = B, T, 1
+    row = {"backbone": backbone, "size": m.get("size", size), "T": T, "batch": B,
+           "impl": m.memory.impl if "memory" in m else None,
+           "chunk": int(m.memory.chunk_size) if "memory" in m else None,
+           "segment_len": int(m.segment_len) if "segment_len" in m else None,
+           "remat": m.get("remat", "none"), "dtype": cfg.train.compute_dtype,
+           "platform": jax.devices()[0].platform}
+    fc = count_flops(m, T).per_token()
+    row["flops_per_token"] = {k: (round(v) if not isinstance(v, dict) else
+                                  {p: round(x) for p, x in v.items()}) for k, v in fc.items()}
+    mesh = shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+    fns = model_fns(m)
+    row["n_params"] = count_params(fns)
+    tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
+    spec = {k: jax.ShapeDtypeStruct((B, T + 1), np.int32, sharding=shd.batch_sharding(mesh))
+            for k in ("tokens", "segment_ids")}
+    rng = np.random.default_rng(0)
+    batch = shd.put_batch({"tokens": rng.integers(4, m.vocab_size, (B, T + 1), dtype=np.int32),
+                           "segment_ids": np.ones((B, T + 1), np.int32)}, mesh) if not abstract else None
+    jobs = {}
+    xla = {}
+    if "train" in modes:
+        step_fn = jit_train_step(fns, tx, schedule, state_shardings(fns, tx, mesh), mesh,
+                                 compute_dtype=cfg.train.compute_dtype)
+        t0 = time.perf_counter()
+        lowered = step_fn.lower(abstract_state(fns, tx, mesh), spec)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        row["train"] = {"lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
+                        "memory": memory_fields(compiled.memory_analysis())}
+        xla["train"] = xla_flops(compiled)
+        if not abstract:
+            state = init_state(m, fns, tx, mesh, seed=0)
+            jobs["train"] = Job(compiled, (state, batch), carry_state=True)
+    if "fwd" in modes:
+        from titans_lm.train.step import _cast_floats  # the train step's own cast
+        cdt = jnp.dtype(cfg.train.compute_dtype)
+
+        def forward(params, tokens, seg):
+            return fns.apply(_cast_floats(params, cdt), tokens, seg)
+
+        tok_spec = jax.ShapeDtypeStruct((B, T), np.int32)
+        t0 = time.perf_counter()
+        lowered = jax.jit(forward).lower(fns.abstract_params(), tok_spec, tok_spec)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        row["fwd"] = {"lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
+                      "memory": memory_fields(compiled.memory_analysis())}
+        xla["fwd"] = xla_flops(compiled)
+        if not abstract:
+            params = (jax.tree.map(jnp.copy, jobs["train"].args[0].params) if "train" in jobs
+                      else init_state(m, fns, tx, mesh, seed=0).params)  # the step donates its own
+            jobs["fwd"] = Job(compiled, (params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1]),
+                              carry_state=False)
+    row["xla_flops_per_token"] = {k: (round(v / (B * T)) if v else None) for k, v in xla.items()}
+    for job in jobs.values():
+        job.call()                       # warm-up
+        job.times.clear()
+    row["max_rss_bytes"] = max_rss_bytes()
+    return row, jobs
+
+
+def peak_job(n: int) -> Job:
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+    job = Job(f, (a, a), carry_state=False)
+    job.call()
+    job.times.clear()
+    return job
+
+
+def finish(row: dict, jobs: dict, peak_flops: float) -> None:
+    tokens = row["batch"] * row["T"]
+    fpt = row["flops_per_token"]
+    for mode, job in jobs.items():
+        med, lo = statistics.median(job.times), min(job.times)
+        kind = "train" if mode == "train" else "fwd"
+        r = row[mode]
+        r.update({"step_s": round(med, 5), "step_s_min": round(lo, 5),
+                  "tokens_per_s": round(tokens / med, 1), "tokens_per_s_max": round(tokens / lo, 1),
+                  "mfu": round(fpt[f"{kind}_model"] * tokens / med / peak_flops, 4),
+                  "mfu_best": round(fpt[f"{kind}_model"] * tokens / lo / peak_flops, 4),
+                  "mfu_executed": round(fpt[f"{kind}_executed"] * tokens / med / peak_flops, 4)})
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in ("train", "fwd") if any("tokens_per_s" in r.get(m, {}) for r in rows)]
+    fig, axes = plt.subplots(1, len(modes) + 1, figsize=(6 * (len(modes) + 1), 4.5))
+    axes = np.atleast_1d(axes)
+    series = {}
+    for r in rows:
+        key = (r["backbone"], r["size"], r["chunk"], r["impl"])
+        series.setdefault(key, []).append(r)
+    for key, rs in sorted(series.items(), key=lambda kv: str(kv[0])):
+        rs = sorted(rs, key=lambda r: r["T"])
+        label = f"{key[0]}:{key[1]}" + (f" c{key[2]}" if key[2] else "") + \
+                (f" {key[3]}" if key[3] and key[3] != "chunked" else "")
+        for ax, mode in zip(axes, modes):
+            pts = [(r["T"], r[mode]["tokens_per_s"]) for r in rs if "tokens_per_s" in r.get(mode, {})]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        pts = [(r["T"], 100 * r["train"]["mfu"]) for r in rs if "mfu" in r.get("train", {})]
+        if pts:
+            axes[-1].plot(*zip(*pts), marker="o", label=label)
+    for ax, mode in zip(axes, modes):
+        ax.set(xscale="log", yscale="log", xlabel="T (tokens)", ylabel="tokens/s",
+               title=f"{mode} ({'fwd+bwd+AdamW' if mode == 'train' else 'forward'})")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[-1].set(xscale="log", xlabel="T (tokens)", ylabel="MFU (% of measured matmul peak)",
+                 title="train-step MFU (model FLOPs)")
+    axes[-1].grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"titans_lm on {rows[0]['platform']} (batch {rows[0]['batch']})")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "configs/transformer.py"))
-    p.add_argument("--sizes", default="tiny,125m", help="comma-separated sizes of --config")
-    p.add_argument("--batch_size", type=int, default=None, help="B (default: per size)")
-    p.add_argument("--seq_len", type=int, default=None, help="T (default: per size)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps after compiling")
-    p.add_argument("--compute_dtype", choices=("float32", "bfloat16"), default=None,
-                   help="override train.compute_dtype and model.dtype")
-    p.add_argument("--mesh_data", type=int, default=1, help="data-parallel devices")
-    args = p.parse_args(argv)
-    for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        cfg = load_config(args.config, size)
-        b0, t0 = DEFAULT_SHAPES.get(size, (1, 1024))
-        B = args.batch_size or b0 or cfg.train.batch_size
-        T = args.seq_len or t0 or cfg.data.seq_len
-        if args.compute_dtype:
-            cfg.train.compute_dtype = cfg.model.dtype = args.compute_dtype
-        res = bench(cfg, batch_size=B, seq_len=T, steps=args.steps, warmup=args.warmup,
-                    mesh_data=args.mesh_data)
-        print(json.dumps(res), flush=True)
+    p.add_argument("--backbones", nargs="+", default=["transformer", "lmm"],
+                   help=f"names from {BACKBONES} or 'all'")
+    p.add_argument("--sizes", nargs="+", default=["tiny"], help="tiny, 125m or any config size")
+    p.add_argument("--T", nargs="+", type=int, default=[256, 1024])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--impls", nargs="+", default=[None], help="memory impl(s) (default: the config's)")
+    p.add_argument("--chunks", nargs="+", type=int, default=[None], help="memory chunk size(s)")
+    p.add_argument("--remat", default=None, help="model.remat policy (titans_lm.models.remat)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--modes", nargs="+", default=["train", "fwd"], choices=["train", "fwd"])
+    p.add_argument("--repeats", type=int, default=3, help="round-robin timing rounds")
+    p.add_argument("--peak_n", nargs="+", type=int, default=[1024, 2048],
+                   help="sides of the peak-measuring float32 matmuls (peak: the best rate seen)")
+    p.add_argument("--abstract", action="store_true", help="compile only; report memory")
+    p.add_argument("--fit_gib", type=float, default=80.0, help="--abstract: device memory to fit")
+    p.add_argument("--out", default=None, help="JSON lines file (appended)")
+    p.add_argument("--png", default=None, help="plot file")
+    a = p.parse_args(argv)
+    if a.backbones == ["all"]:
+        a.backbones = list(BACKBONES)
+    bad = sorted(set(a.backbones) - set(BACKBONES))
+    if bad:
+        p.error(f"unknown backbone(s) {bad}; valid: {list(BACKBONES)} or 'all'")
+    return a
+
+
+def emit(obj: dict, out) -> None:
+    line = json.dumps(obj)
+    print(line, flush=True)
+    if out:
+        out.write(line + "\n")
+        out.flush()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("engine", "pallas"):
+        script = ROOT / "scripts" / ("benchmark_memory.py" if argv[0] == "engine" else "benchmark_pallas.py")
+        sys.argv = [str(script)] + argv[1:]
+        sys.path.insert(0, str(script.parent))
+        runpy.run_path(str(script), run_name="__main__")
+        return 0
+    a = parse(argv)
+    out = open(a.out, "a") if a.out else None
+    rows, all_jobs = [], []
+    for backbone in a.backbones:
+        is_mem = backbone in MEMORY_BACKBONES
+        for size in a.sizes:
+            for impl in (a.impls if is_mem else [None]):
+                for chunk in (a.chunks if is_mem else [None]):
+                    for T in a.T:
+                        try:
+                            row, jobs = setup(backbone, size, T, a.batch, impl=impl, chunk=chunk,
+                                              remat=a.remat, dtype=a.dtype, modes=a.modes,
+                                              abstract=a.abstract)
+                        except (ValueError, MemoryError) as e:
+                            emit({"backbone": backbone, "size": size, "T": T, "chunk": chunk,
+                                  "impl": impl, "error": f"{type(e).__name__}: {e}"}, out)
+                            continue
+                        if a.abstract:
+                            mem = row["train"]["memory"]
+                            row["fits_gib"] = a.fit_gib
+                            row["fits"] = mem["peak_estimate_bytes"] <= a.fit_gib * 2 ** 30
+                            row["peak_estimate_gib"] = round(mem["peak_estimate_bytes"] / 2 ** 30, 2)
+                            emit(row, out)
+                        rows.append(row)
+                        all_jobs.append(jobs)
+                        print(f"# compiled {backbone}:{row['size']} T={T} chunk={row['chunk']}",
+                              file=sys.stderr, flush=True)
+    if a.abstract:
+        return 0
+    peaks = {n: peak_job(n) for n in a.peak_n}
+    for _ in range(a.repeats):
+        for job in peaks.values():
+            job.call()
+        for jobs in all_jobs:
+            for job in jobs.values():
+                job.call()
+        for job in peaks.values():
+            job.call()
+    rates = {n: [2 * n ** 3 / t for t in job.times] for n, job in peaks.items()}
+    peak_flops = max(max(r) for r in rates.values())
+    for row, jobs in zip(rows, all_jobs):
+        finish(row, jobs, peak_flops)
+        emit(row, out)
+    emit({"summary": "peak", "dtype": "float32", "peak_gflops": round(peak_flops / 1e9, 2),
+          "matmul_gflops": {str(n): {"median": round(statistics.median(r) / 1e9, 2),
+                                     "max": round(max(r) / 1e9, 2)} for n, r in rates.items()},
+          "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count()}, out)
+    if a.png and rows:
+        plot(rows, a.png)
     return 0
 
 

@@ -193,7 +193,7 @@ def test_bad_inputs_raise(model):
     with pytest.raises(ValueError, match="integer"):
         model(jnp.ones((1, 4)), jnp.ones((1, 4), jnp.int32))
     with pytest.raises(ValueError, match="remat"):
-        build_model(_cfg(remat="full"), rngs=nnx.Rngs(0))
+        build_model(_cfg(remat="everything"), rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="missing field"):
         cfg = _cfg()
         del cfg["d_ff"]

@@ -41,8 +41,9 @@ def check_reset_alignment(chunk_size: int, multiples: Mapping[str, int],
         raise ValueError(
             f"{chunk_field}={chunk_size} must divide {' and '.join(bad)}: documents start at "
             f"multiples of these, and the memory resets only at chunk starts, so a document would "
-            f"continue the previous one's memory. Choose a chunk size that divides them (or "
-            f"multiples of the chunk size).")
+            f"continue the previous one's memory. Choose a chunk size that divides them, or make "
+            f"them multiples of the chunk size (for a large chunk raise data.doc_align, e.g. "
+            f"--config.data.doc_align={chunk_size}: documents are then padded to multiples of it).")
 
 
 def check_config_alignment(cfg) -> None:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from titans_lm.models.blocks import Block
+from titans_lm.models.remat import REMAT_MODES, check_remat, remat_call  # noqa: F401
 from titans_lm.nn.dtypes import logits_dtype, to_dtype
 from titans_lm.nn.init import normal_param, scaled_out_std
 from titans_lm.nn.norm import RMSNorm
@@ -43,7 +44,6 @@ MixerFactory = Callable[[int, nnx.Rngs], nnx.Module]
 
 SHELL_FIELDS = ("name", "vocab_size", "d_model", "n_layers", "d_ff", "tie_embeddings", "dtype",
                 "remat", "norm_eps", "init_std")
-REMAT_MODES = ("none", "block")
 
 
 def check_model_config(model_cfg, fields=SHELL_FIELDS) -> None:
@@ -83,8 +83,8 @@ class LanguageModel(nnx.Module):
       norm_eps: RMSNorm epsilon. init_std: base init std.
       dtype: compute dtype name or dtype ("float32" | "bfloat16" | "float64").
       param_dtype: parameter dtype (float32; float64 for numerical tests under enable_x64).
-      remat: "none" or "block" (``nnx.remat`` around each block: recompute its activations in the
-        backward pass).
+      remat: a policy name of ``titans_lm.models.remat`` ("none", "full"/"block", "minimal",
+        "dots"): what the backward pass keeps of each block's forward.
       n_persistent: number of persistent-memory tokens fed before every stream (0 = none).
       rngs: nnx.Rngs.
 
@@ -109,8 +109,7 @@ class LanguageModel(nnx.Module):
                          ("d_ff", d_ff)):
             if int(v) < 1:
                 raise ValueError(f"model {field} must be >= 1, got {v}")
-        if remat not in REMAT_MODES:
-            raise ValueError(f"model remat must be one of {REMAT_MODES}, got {remat!r}")
+        check_remat(remat)
         if n_persistent < 0:
             raise ValueError(f"n_persistent must be >= 0, got {n_persistent}")
         dtype, param_dtype = to_dtype(dtype), to_dtype(param_dtype)
@@ -166,11 +165,7 @@ class LanguageModel(nnx.Module):
     def _blocks(self, x_BTD: jax.Array, stream: Stream, layers: tuple) -> tuple[jax.Array, tuple]:
         new_layers = []
         for block, layer_state in zip(self.blocks, layers):
-            if self.remat == "block":
-                x_BTD, layer_state = nnx.remat(lambda blk, x, s, st: blk(x, s, st))(
-                    block, x_BTD, stream, layer_state)
-            else:
-                x_BTD, layer_state = block(x_BTD, stream, layer_state)
+            x_BTD, layer_state = remat_call(self.remat, block, x_BTD, stream, layer_state)
             new_layers.append(layer_state)
         return x_BTD, tuple(new_layers)
 

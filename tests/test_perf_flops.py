@@ -1,0 +1,80 @@
+"""The analytic FLOP counts against the matmuls JAX actually traces, and against hand counts."""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from titans_lm.memory import MLPMemory, memory_scan
+from titans_lm.memory.config import MemoryConfig
+from titans_lm.models import build_model
+from titans_lm.perf.flops import (count_flops, jaxpr_matmul_flops, memory_chunk_flops,
+                                  traced_forward_flops)
+
+
+def small_config(name, **memory):
+    m = importlib.import_module(f"configs.{name}").get_config("tiny").model
+    m.d_model, m.n_layers, m.d_ff, m.vocab_size = 128, 2, 96, 300
+    if "n_heads" in m:
+        m.n_heads = 2
+    if "memory" in m:
+        m.memory.chunk_size = 16
+        m.memory.update(memory)
+    if name == "mac":
+        m.memory_layers = "0"   # one layer with memory, one without
+    return m
+
+
+@pytest.mark.parametrize("name,T,memory", [
+    ("transformer", 96, {}), ("ttt_linear", 72, {}), ("ttt_mlp", 64, {}), ("lmm", 100, {}),
+    ("lmm", 64, {"read": "chunk_start", "use_momentum": False}), ("mag", 80, {}),
+    ("mal", 64, {}), ("mac", 100, {}),
+])
+def test_executed_count_equals_traced_matmuls(name, T, memory):
+    m = small_config(name, **memory)
+    model = build_model(m, rngs=nnx.Rngs(0))
+    tokens = jnp.ones((1, T), jnp.int32)
+    traced = traced_forward_flops(lambda t: model(t, jnp.ones_like(t)), tokens)
+    count = count_flops(m, T)
+    assert count.executed_total == traced
+    assert 0 < count.model_total <= count.executed_total
+
+
+def test_transformer_hand_count():
+    m = small_config("transformer")
+    T, D, L, F, V = 96, 128, 2, 96, 300
+    per_layer = 4 * 2 * T * D * D + 2 * 2 * T * T * D + 3 * 2 * T * D * F
+    c = count_flops(m, T)
+    assert c.executed_total == L * per_layer + 2 * T * D * V
+    # Causal: the scores and values over (T + 1) / 2 keys on average.
+    assert c.model["attention_core"] == L * 2 * 2 * T * D * (T + 1) / 2
+    pt = c.per_token()
+    assert pt["train_model"] == 3 * pt["fwd_model"]
+
+
+@pytest.mark.parametrize("b,read", [(8, "after_write"), (16, "chunk_start")])
+def test_chunk_count_equals_traced_engine(b, read):
+    """One head, one chunk of the engine alone, against the memory_chunk_flops formula."""
+    model = MLPMemory(depth=2, expansion=2.0)
+    cfg = MemoryConfig(d_model=32, n_heads=1, head_dim=32, memory_expansion=2.0, chunk_size=b,
+                       read=read)
+    P0 = model.init(jax.random.key(0), 32, 32)
+    S0 = tuple(jnp.zeros_like(p) for p in P0)
+    x = jnp.ones((b, 32))
+    g = jnp.full((b,), 0.5)
+
+    def f(x):
+        return memory_scan(P0, S0, x, x, x, g, g, g * 0.01, model=model, chunk_size=b,
+                           impl="chunked", read=read)
+
+    closed = jax.make_jaxpr(f)(x)
+    assert jaxpr_matmul_flops(closed) == memory_chunk_flops(cfg)
+
+
+def test_unknown_backbone():
+    m = small_config("transformer")
+    m.name = "nope"
+    with pytest.raises(ValueError, match="no FLOP count for backbone 'nope'"):
+        count_flops(m, 64)

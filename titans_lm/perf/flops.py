@@ -1,0 +1,344 @@
+"""Analytic matmul FLOP counts of every backbone's forward pass, for MFU.
+
+One multiply-add is 2 FLOPs. Only matrix products are counted (``dot_general``: projections,
+attention scores and values, the SwiGLU MLP, the LM head and the memory's dual form); norms,
+softmax, RoPE, activations, the short convolution and gate non-linearities are elementwise and
+left out (each a few FLOPs per element against hundreds per element for the matmuls). The train
+step's model FLOPs are taken as 3x the forward (the backward of a matmul is two matmuls of the
+same size: the convention of PaLM's MFU, Chowdhery et al. 2022 appendix B; recomputation by remat
+is not counted).
+
+Two counts per sequence of T tokens (:class:`FlopCount`):
+
+- ``model``: the work the architecture needs: causal attention counts the keys each query may see
+  (for full causal attention (T + 1) / 2 on average; min(t + 1, window) with a sliding window),
+  and the memory counts only real tokens.
+- ``executed``: what this implementation computes: attention is a dense masked [T, S] product
+  (``jax.nn.dot_product_attention``'s XLA path on CPU), the memory pads the sequence to whole
+  chunks, MAC computes the W0 retrieval of every token and the attention over
+  [persistent || retrieved || segment] densely. ``tests/test_perf_flops.py`` checks this count
+  exactly against the ``dot_general`` FLOPs of the traced forward (:func:`jaxpr_matmul_flops`).
+
+Per component (``FlopCount.parts``): ``attention_proj`` (W_Q, W_K, W_V, W_O), ``attention_core``
+(q k^T and p v), ``mlp`` (SwiGLU: 3 matrices, 6 D d_ff per token), ``memory_proj`` (the memory's
+W_Q, W_K, W_V, gate rows theta/eta/alpha [D, H], output gate W_g and W_O), ``memory_dual`` (the
+inner loop, below), ``memory_read`` (MAC's retrievals f(q; P) without a write), ``combine`` (the
+MAG/MAC gate's W_O [D, D]) and ``head`` (2 D V per scored token).
+
+The dual form per head and chunk of b tokens (``titans_lm.memory.chunked``), for each weight
+matrix W [d_in, d_out] of the inner model (a depth-2 MLP of width d and hidden h has
+[d, h] and [h, d]):
+
+- gradient factors at the chunk-start state P0: the forward u @ W (2 b d_in d_out) and, for every
+  matrix after the first, the backward of its input d @ W^T (2 b d_in d_out);
+- the read after each token's write (read="after_write"): r @ P0 and r @ S0 (4 b d_in d_out),
+  r @ u^T (2 b^2 d_in) and (C * r u^T) @ d (2 b^2 d_out); read="chunk_start": r @ P0 only;
+- the chunk-end parameters and momentum: u^T (C_b * d) and u^T (M_b * d) (4 b d_in d_out);
+
+for each vector parameter of width d (the LayerNorm scale and shift of TTT's inner model, biases):
+C @ signals in the read (2 b^2 d) and two [b] @ [b, d] rows for the chunk end (4 b d); and the
+gate coefficients (``titans_lm.memory.coefficients``): two segment-product prefix sums
+(tri @ log g, tri @ zeros: 8 b^2), A = D @ E0 (2 b^2) and C = D @ E (2 b^3).
+
+So per token and head the dual form costs about 10 sum(d_in d_out) + 2 b (sum d_in + d_out) +
+2 b^2: linear in d_in d_out like a projection, plus terms that grow with the chunk size (at b =
+1024 and head_dim 64 the coefficient matmul D @ E dominates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+
+import jax
+import numpy as np
+
+from titans_lm.memory.config import MemoryConfig
+
+PARTS = ("attention_proj", "attention_core", "mlp", "memory_proj", "memory_dual", "memory_read",
+         "combine", "head")
+
+
+@dataclasses.dataclass
+class FlopCount:
+    """Forward matmul FLOPs of one sequence, per component, in two counts (module docstring).
+
+    Attributes:
+      tokens: T, the scored tokens of the sequence.
+      model: {part: FLOPs} the architecture's count. executed: {part: FLOPs} this implementation's.
+    """
+
+    tokens: int
+    model: dict
+    executed: dict
+
+    @property
+    def model_total(self) -> float:
+        return float(sum(self.model.values()))
+
+    @property
+    def executed_total(self) -> float:
+        return float(sum(self.executed.values()))
+
+    def per_token(self) -> dict:
+        """Forward and train-step (3x) FLOPs per token, both counts, and the parts (model count)."""
+        T = self.tokens
+        return {"fwd_model": self.model_total / T, "fwd_executed": self.executed_total / T,
+                "train_model": 3 * self.model_total / T, "train_executed": 3 * self.executed_total / T,
+                "parts_model": {k: v / T for k, v in self.model.items() if v},
+                "parts_executed": {k: v / T for k, v in self.executed.items() if v}}
+
+
+class _Acc:
+    def __init__(self):
+        self.model, self.executed = defaultdict(float), defaultdict(float)
+
+    def add(self, part, model, executed=None):
+        self.model[part] += float(model)
+        self.executed[part] += float(model if executed is None else executed)
+
+
+def _mean_visible(n: int, window: int | None) -> float:
+    """Mean over positions t < n of min(t + 1, window): keys a causal query sees."""
+    w = window or n
+    t = np.arange(n)
+    return float(np.minimum(t + 1, w).mean()) if n else 0.0
+
+
+def _inner_shapes(mcfg: MemoryConfig):
+    shapes = mcfg.inner_model().param_shapes(mcfg.head_dim, mcfg.head_dim)
+    return [s for s in shapes if len(s) == 2], [s[0] for s in shapes if len(s) == 1]
+
+
+def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | None = None) -> float:
+    """Matmul FLOPs of one head's chunk of b tokens in the dual form (module docstring)."""
+    b = b or mcfg.chunk_size
+    read = read or mcfg.read
+    mats, vecs = _inner_shapes(mcfg)
+    f = 0.0
+    for i, (di, do) in enumerate(mats):
+        f += 2 * b * di * do * (1 if i == 0 else 2)      # factors: forward, backward of the input
+        if read == "after_write":
+            f += 4 * b * di * do + 2 * b * b * (di + do)
+        else:
+            f += 2 * b * di * do
+        f += 4 * b * di * do                              # chunk-end P and S
+    for d in vecs:
+        f += (2 * b * b * d if read == "after_write" else 0) + 4 * b * d
+    f += 8 * b * b + 2 * b * b + 2 * b ** 3              # coefficients
+    return f
+
+
+def memory_plain_read_flops(mcfg: MemoryConfig) -> float:
+    """f(q; P) of one head and token without a write: 2 sum(d_in d_out)."""
+    mats, _ = _inner_shapes(mcfg)
+    return float(sum(2 * di * do for di, do in mats))
+
+
+def _memory_scan(acc: _Acc, mcfg: MemoryConfig, n_tokens: int) -> None:
+    """The inner loop over n_tokens (one scan call; padded to whole chunks when executed)."""
+    b = mcfg.chunk_size
+    per_chunk = memory_chunk_flops(mcfg) * mcfg.n_heads
+    n_exec = math.ceil(n_tokens / b) * b
+    acc.add("memory_dual", per_chunk * n_tokens / b, per_chunk * n_exec / b)
+
+
+def _memory_project(acc: _Acc, mcfg: MemoryConfig, n: int, *, only_q: bool = False) -> None:
+    D, HK = mcfg.d_model, mcfg.n_heads * mcfg.head_dim
+    if only_q:
+        acc.add("memory_proj", 2 * n * D * HK)
+        return
+    n_gates = 1 + int(mcfg.use_momentum) + int(mcfg.use_decay)
+    acc.add("memory_proj", n * (3 * 2 * D * HK + n_gates * 2 * D * mcfg.n_heads))
+
+
+def _memory_output(acc: _Acc, mcfg: MemoryConfig, n: int) -> None:
+    D, HK = mcfg.d_model, mcfg.n_heads * mcfg.head_dim
+    acc.add("memory_proj", n * (2 * HK * D + (2 * D * HK if mcfg.use_output_gate else 0)))
+
+
+def _prefixed_memory(acc: _Acc, mcfg: MemoryConfig, n_p: int, T: int) -> None:
+    """``prefixed_memory`` over [N_p persistent || T tokens]: two scans when N_p > 0."""
+    _memory_project(acc, mcfg, n_p + T)
+    if n_p:
+        _memory_scan(acc, mcfg, n_p)
+    _memory_scan(acc, mcfg, T)
+    _memory_output(acc, mcfg, n_p + T)
+
+
+def _attention(acc: _Acc, D: int, HK: int, n: int, window: int | None) -> None:
+    """Causal (sliding-window) self-attention over n positions (dense [n, n] when executed)."""
+    acc.add("attention_proj", n * 4 * 2 * D * HK)
+    acc.add("attention_core", n * 4 * HK * _mean_visible(n, window), n * 4 * HK * n)
+
+
+def _mlp(acc: _Acc, D: int, d_ff: int, n: int) -> None:
+    acc.add("mlp", n * 6 * D * d_ff)
+
+
+def _mac_layer(acc: _Acc, model_cfg, mcfg: MemoryConfig | None, T: int) -> None:
+    D, N = int(model_cfg.d_model), int(model_cfg.segment_len)
+    H = int(model_cfg.n_heads)
+    HK = (D // H) * H
+    n_p = int(model_cfg.n_persistent)
+    n_seg = math.ceil(T / N)
+    Tp = n_seg * N
+    seg_model = [min(N, T - s * N) for s in range(n_seg)]   # real tokens per segment
+    aligned = 1 if mcfg is None else 2                       # [x] or [h, x]
+    # Attention: q of the segment, k/v of the persistent tokens (once per segment) and of the
+    # aligned rows, o; queries see N_p + aligned * (i + 1) keys, executed densely over all.
+    # (A layer without memory runs all segments as one batch: its persistent k/v once.)
+    kv_p = 2 * 2 * n_p * D * HK
+    if mcfg is None:
+        acc.add("attention_proj", kv_p)
+    for n in seg_model:
+        acc.add("attention_proj", n * 2 * D * HK * (2 + 2 * aligned) + (kv_p if mcfg else 0),
+                N * 2 * D * HK * (2 + 2 * aligned) + (kv_p if mcfg else 0))
+        acc.add("attention_core", 4 * HK * n * (n_p + aligned * (n + 1) / 2),
+                4 * HK * N * (n_p + aligned * N))
+    if mcfg is None:
+        return
+    n_tail = mcfg.conv_kernel - 1 if mcfg.use_conv else 0
+    H_m = mcfg.n_heads
+    read1 = memory_plain_read_flops(mcfg) * H_m
+    # Retrieval: queries of every token, the W0 read of every token (for documents starting in
+    # a segment) and the read of the carried state, then the output gate and W_O.
+    acc.add("memory_proj", 2 * T * D * H_m * mcfg.head_dim, 2 * Tp * D * H_m * mcfg.head_dim)
+    acc.add("memory_read", 2 * T * read1, 2 * Tp * read1)
+    for n in seg_model:
+        sub = _Acc()
+        _memory_output(sub, mcfg, n)                         # h = output(h_reads)
+        _memory_project(sub, mcfg, n + n_tail)               # write: project [tail || y]
+        _memory_scan(sub, mcfg, n)
+        _memory_output(sub, mcfg, n)                         # output(reads, y)
+        sub_exec = _Acc()
+        _memory_output(sub_exec, mcfg, N)
+        _memory_project(sub_exec, mcfg, N + n_tail)
+        _memory_scan(sub_exec, mcfg, N)
+        _memory_output(sub_exec, mcfg, N)
+        for part in sub.model:
+            acc.add(part, sub.model[part], sub_exec.executed[part])
+        acc.add("combine", n * 2 * D * D, N * 2 * D * D)
+
+
+def count_flops(model_cfg, seq_len: int) -> FlopCount:
+    """Forward matmul FLOPs of one sequence of ``seq_len`` tokens through ``model_cfg``'s backbone.
+
+    Args:
+      model_cfg: the ``model`` section of a config (``configs/<name>.py``), any registered
+        backbone: transformer, ttt_linear, ttt_mlp, lmm, mac, mag, mal.
+      seq_len: T.
+    Returns:
+      :class:`FlopCount` (multiply by the batch size for a batch).
+    Raises:
+      ValueError: for an unknown backbone name.
+    """
+    from titans_lm.models.memory_mixer import memory_config, memory_layer_indices
+
+    name = str(model_cfg.name)
+    T = int(seq_len)
+    D, L, d_ff, V = (int(model_cfg[k]) for k in ("d_model", "n_layers", "d_ff", "vocab_size"))
+    acc = _Acc()
+    if name == "transformer":
+        H = int(model_cfg.n_heads)
+        for _ in range(L):
+            _attention(acc, D, (D // H) * H, T, int(model_cfg.get("window", 0)) or None)
+            _mlp(acc, D, d_ff, T)
+    elif name in ("ttt_linear", "ttt_mlp", "lmm"):
+        mcfg = memory_config(model_cfg)
+        n_p = int(model_cfg.get("n_persistent", 0))
+        for _ in range(L):
+            _prefixed_memory(acc, mcfg, n_p, T)
+            _mlp(acc, D, d_ff, n_p + T)
+    elif name in ("mag", "mal"):
+        mcfg = memory_config(model_cfg)
+        n_p = int(model_cfg.n_persistent)
+        H = int(model_cfg.n_heads)
+        layers = memory_layer_indices(model_cfg.memory_layers, L)
+        window = int(model_cfg.window) or None
+        for i in range(L):
+            # The persistent tokens are ordinary positions of the attention (always visible to a
+            # window: counted as n_p extra keys per query in the model count).
+            n = n_p + T
+            acc.add("attention_proj", n * 4 * 2 * D * (D // H) * H)
+            vis = (_mean_visible(T, window) + n_p) if window else _mean_visible(n, None)
+            acc.add("attention_core", n * 4 * (D // H) * H * vis, n * 4 * (D // H) * H * n)
+            if i in layers:
+                _prefixed_memory(acc, mcfg, n_p, T)
+                if name == "mag":
+                    acc.add("combine", n * 2 * D * D)
+            _mlp(acc, D, d_ff, n)
+    elif name == "mac":
+        mcfg = memory_config(model_cfg)
+        layers = memory_layer_indices(model_cfg.memory_layers, L)
+        for i in range(L):
+            _mac_layer(acc, model_cfg, mcfg if i in layers else None, T)
+            _mlp(acc, D, d_ff, T)
+    else:
+        raise ValueError(f"no FLOP count for backbone {name!r}; known: transformer, ttt_linear, "
+                         "ttt_mlp, lmm, mac, mag, mal")
+    acc.add("head", T * 2 * D * V)
+    return FlopCount(tokens=T, model={p: acc.model.get(p, 0.0) for p in PARTS},
+                     executed={p: acc.executed.get(p, 0.0) for p in PARTS})
+
+
+# ----------------------------------------------------------------------------- from a program
+def _dot_flops(eqn) -> float:
+    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    batch = math.prod(lhs[i] for i in lb)
+    contract = math.prod(lhs[i] for i in lc)
+    lfree = math.prod(d for i, d in enumerate(lhs) if i not in lc and i not in lb)
+    rfree = math.prod(d for i, d in enumerate(rhs) if i not in rc and i not in rb)
+    return 2.0 * batch * contract * lfree * rfree
+
+
+def _sub_jaxprs(eqn):
+    for key, val in eqn.params.items():
+        vals = val if isinstance(val, (tuple, list)) else (val,)
+        for v in vals:
+            if isinstance(v, jax.extend.core.ClosedJaxpr):
+                yield key, v.jaxpr
+            elif isinstance(v, jax.extend.core.Jaxpr):
+                yield key, v
+
+
+def jaxpr_matmul_flops(jaxpr) -> float:
+    """Sum of the ``dot_general`` FLOPs of a (closed) jaxpr, through scans (times their length),
+    jit, remat and custom-derivative calls (their primal only); a ``cond`` counts its largest
+    branch.
+
+    Raises:
+      ValueError: for a ``while`` loop (unknown trip count).
+    """
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        prim = eqn.primitive.name
+        if prim == "dot_general":
+            total += _dot_flops(eqn)
+        elif prim == "while":
+            raise ValueError("jaxpr_matmul_flops cannot count a while loop")
+        elif prim == "cond":
+            total += max(jaxpr_matmul_flops(b) for b in eqn.params["branches"])
+        elif prim == "scan":
+            total += eqn.params["length"] * jaxpr_matmul_flops(eqn.params["jaxpr"])
+        else:
+            subs = list(_sub_jaxprs(eqn))
+            primal = [j for k, j in subs if k in ("jaxpr", "call_jaxpr", "fun_jaxpr")]
+            for j in (primal[:1] if primal else [j for _, j in subs]):
+                total += jaxpr_matmul_flops(j)
+    return total
+
+
+def traced_forward_flops(fn, *args, dce: bool = True) -> float:
+    """``dot_general`` FLOPs of ``fn(*args)`` as traced by JAX, dead code removed (``dce``) the
+    way XLA removes it (the memory layer projects keys and gates that MAC's retrieval does not
+    use)."""
+    closed = jax.make_jaxpr(fn)(*args)
+    jaxpr = closed.jaxpr
+    if dce:
+        from jax._src.interpreters import partial_eval as pe   # no public DCE entry point
+        jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+    return jaxpr_matmul_flops(jaxpr)
