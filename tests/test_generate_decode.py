@@ -13,8 +13,9 @@ from titans_lm.generate.sampling import SamplingConfig
 
 # One attention and one memory backbone: the loop is the same for all (every backbone's decode
 # == parallel forward is tests/test_stateful.py's).
-BACKBONES = [("transformer", {"max_context": 64}), ("lmm", {})]
-IDS = [b[0] for b in BACKBONES]
+# (The LMM cases compile the chunked memory for several prompt lengths: marked slow.)
+BACKBONES = [pytest.param("transformer", {"max_context": 64}, id="transformer"),
+             pytest.param("lmm", {}, id="lmm", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +53,7 @@ def _run(fns, params, prompts, n_new, sampling=SamplingConfig(temperature=0.0), 
                     **kw)
 
 
-@pytest.mark.parametrize("name,changes", BACKBONES, ids=IDS)
+@pytest.mark.parametrize("name,changes", BACKBONES)
 def test_decode_equals_parallel_forward(name, changes):
     """Prompts shorter than a chunk (3), of exactly one chunk (8) and longer than the attention
     window / a chunk (19); greedy decoding of 6 tokens."""
@@ -68,7 +69,7 @@ def test_decode_equals_parallel_forward(name, changes):
         assert gen.decode_steps == 5 and gen.prefill_tokens == L
 
 
-@pytest.mark.parametrize("name,changes", BACKBONES, ids=IDS)
+@pytest.mark.parametrize("name,changes", BACKBONES)
 def test_batch_of_different_lengths_decodes_each_row_as_if_alone(name, changes):
     fns, params = _model(name, **changes)
     prompts = [_prompt(n, 10 + n) for n in (5, 12, 9)]
