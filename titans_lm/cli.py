@@ -38,12 +38,19 @@ _SPLIT = flags.DEFINE_enum("split", "test", ["test", "validation"],
 _TEXT = flags.DEFINE_string("text", None, "eval: score this UTF-8 text file instead.")
 _STEP = flags.DEFINE_integer("step", None, "eval: checkpoint step (default: the newest).")
 _WIKITEXT = flags.DEFINE_boolean("wikitext", True, "eval: also score WikiText-2 test.")
+_BAD_CHECKPOINT = flags.DEFINE_enum(
+    "bad_checkpoint", "fallback", ["fallback", "refuse"],
+    "train/eval: when the newest checkpoint is damaged, name it and use the previous complete "
+    "one (fallback), or stop (refuse).")
+_VERBOSE = flags.DEFINE_boolean("verbose", False, "Print the traceback of an error too.")
 
 USAGE = __doc__.split("\n\n")[1]
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 # The flags each command reads (``titans-lm <command> --help`` lists them).
-COMMAND_FLAGS = {"prepare": ("config",), "train": ("config", "workdir", "eval_after"),
-                 "eval": ("workdir", "split", "text", "step", "wikitext", "config")}
+COMMAND_FLAGS = {"prepare": ("config", "verbose"),
+                 "train": ("config", "workdir", "eval_after", "bad_checkpoint", "verbose"),
+                 "eval": ("workdir", "split", "text", "step", "wikitext", "config",
+                          "bad_checkpoint", "verbose")}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
     "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
@@ -73,6 +80,9 @@ def command_help(cmd: str) -> str:
 
 
 def _fail(cmd: str, err: BaseException) -> int:
+    if _VERBOSE.value:
+        import traceback
+        traceback.print_exception(err, file=sys.stderr)
     print(f"titans-lm {cmd}: error: {err}", file=sys.stderr)
     return 1
 
@@ -118,12 +128,12 @@ def _train(argv) -> int:
     cfg = _load_config()
     workdir = _WORKDIR.value or default_workdir(cfg)
     print(f"workdir: {workdir}", file=sys.stderr)
-    result = train(cfg, workdir)
+    result = train(cfg, workdir, bad_checkpoint=_BAD_CHECKPOINT.value)
     if result.status == "interrupted":
         return 128 + int(result.signal)
     if result.status == "completed" and _EVAL_AFTER.value:
         from titans_lm.eval.evaluate import evaluate
-        evaluate(workdir)
+        evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value)
     return 0
 
 
@@ -136,7 +146,7 @@ def _eval(argv) -> int:
             raise UsageError("--workdir is required (the directory of a trained run)")
         workdir = default_workdir(_load_config())
     evaluate(workdir, split=_SPLIT.value, text_file=_TEXT.value, step=_STEP.value,
-             wikitext=_WIKITEXT.value)
+             wikitext=_WIKITEXT.value, bad_checkpoint=_BAD_CHECKPOINT.value)
     return 0
 
 

@@ -125,7 +125,7 @@ def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
 
 def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = None,
              step: int | None = None, *, wikitext: bool = True, log: Log = print,
-             progress: bool = True) -> dict[str, dict[str, Any]]:
+             progress: bool = True, bad_checkpoint: str = "fallback") -> dict[str, dict[str, Any]]:
     """Score a trained run on held-out text.
 
     Args:
@@ -135,6 +135,9 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       step: the checkpoint to load (default: the newest).
       wikitext: also score WikiText-2 test (when ``text_file`` is None).
       log: message sink. progress: show progress bars.
+      bad_checkpoint: "fallback" (a checkpoint whose parameters or config are damaged is named
+        and the previous complete one scored; not with an explicit ``step``) or "refuse".
+        Damage to the optimiser state only is named and does not matter here.
 
     Returns:
       name -> result dict (``model`` and ``unigram`` totals and metrics, document count, step),
@@ -149,17 +152,24 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     workdir = Path(workdir).resolve()
     ckpt = Checkpointer(workdir, read_only=True)
     try:
-        step = ckpt.resolve_step(step)
-        cfg = ckpt.read_config(step)
+        def load(s: int):
+            cfg = ckpt.read_config(s)
+            fns = model_fns(cfg.model)
+            mesh = _eval_mesh(cfg)
+            params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
+            abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                                    fns.abstract_params(), params_sh)
+            return cfg, fns, mesh, params_sh, ckpt.restore_params(abstract, s)[0]
+        # Evaluation reads the parameters and the config: damage elsewhere (the optimiser state)
+        # is reported and does not stop it.
+        needed = ("parameters", "config")
+        explicit = None if step is None else [ckpt.resolve_step(step)]
+        (cfg, fns, mesh, params_sh, params), step = ckpt.newest_usable(
+            load, policy=bad_checkpoint, log=lambda m: print(m, file=sys.stderr), needed=needed,
+            steps=explicit)
         datasets = _datasets(cfg, split, text_file, wikitext)
         prepared = prepare(cfg.data, splits=("train",), log=None)
         tokenizer = prepared.tokenizer
-        fns = model_fns(cfg.model)
-        mesh = _eval_mesh(cfg)
-        params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
-        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                fns.abstract_params(), params_sh)
-        params, step = ckpt.restore_params(abstract, step)
     finally:
         ckpt.close()
 

@@ -182,7 +182,7 @@ def _default_log(msg: str) -> None:
 
 def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
           stop_at_step: int | None = None, log: Log = _default_log,
-          progress: bool = True) -> TrainResult:
+          progress: bool = True, bad_checkpoint: str = "fallback") -> TrainResult:
     """Train (or resume training) the model of ``cfg`` in ``workdir``.
 
     Args:
@@ -191,6 +191,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
       stop_at_step: stop (with a checkpoint) once this step is reached, before ``train.steps``.
       log: sink for messages (default: printed above the progress bar).
       progress: show the tqdm progress bar.
+      bad_checkpoint: "fallback" (a damaged newest checkpoint is named, moved to
+        ``<workdir>/damaged_checkpoints/`` and the previous complete one used) or "refuse".
 
     Returns:
       a :class:`TrainResult`.
@@ -225,20 +227,39 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
 
     ckpt = Checkpointer(workdir, keep=tcfg.keep_checkpoints)
     try:
-        latest = ckpt.latest_step()
-        if latest is not None:
-            ckpt.check_config(cfg, latest)
-            state, it_state, _ = ckpt.restore(abstract_state(fns, tx, mesh), latest)
-            if it_state is None:
-                raise ValueError(f"checkpoint {latest} in {workdir} holds no data-iterator state")
+        if ckpt.latest_step() is not None:
+            state, it_state, latest = resume_state(ckpt, cfg, abstract_state(fns, tx, mesh),
+                                                   bad_checkpoint, log)
             it.set_state(it_state)
-            log(f"resuming from the checkpoint at step {latest} in {ckpt.directory}")
         else:
             state = init_state(cfg.model, fns, tx, mesh, tcfg.seed)
         return _run(cfg, workdir, state, it, ckpt, fns, tx, schedule, mesh, data, stop_at_step,
                     log, progress and primary)
     finally:
         ckpt.close()
+
+
+def resume_state(ckpt: Checkpointer, cfg: ml_collections.ConfigDict, abstract, policy: str,
+                 log: Log):
+    """``(state, data_iterator_state, step)`` of the newest usable checkpoint (see
+    :meth:`Checkpointer.newest_usable`); says which, and names any save that was cut short.
+
+    Raises:
+      titans_lm.train.checkpoint.CheckpointError: a config mismatch, a damaged checkpoint with
+        policy "refuse", or no usable checkpoint.
+    """
+    def use(step):
+        ckpt.check_config(cfg, step)
+        state, it_state, _ = ckpt.restore(abstract, step)
+        if it_state is None:
+            raise ValueError(f"checkpoint {step} in {ckpt.workdir} holds no data-iterator state")
+        return state, it_state
+    (state, it_state), step = ckpt.newest_usable(use, policy=policy, log=log, quarantine=True)
+    cut = [n for n in ckpt.cut_short() if n.split(".")[0].isdigit() and int(n.split(".")[0]) > step]
+    note = (f" (the save of step {cut[-1].split('.')[0]} did not complete: {cut[-1]} is ignored)"
+            if cut else "")
+    log(f"resuming from the checkpoint at step {step} in {ckpt.directory}{note}")
+    return state, it_state, step
 
 
 def _run(cfg, workdir: Path, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh,
