@@ -43,14 +43,23 @@ _BAD_CHECKPOINT = flags.DEFINE_enum(
     "train/eval: when the newest checkpoint is damaged, name it and use the previous complete "
     "one (fallback), or stop (refuse).")
 _VERBOSE = flags.DEFINE_boolean("verbose", False, "Print the traceback of an error too.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "train/eval: multi-process run, host:port of process 0's "
+    "coordinator (default: $JAX_COORDINATOR_ADDRESS; see scripts/launch_local.py).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "train: number of processes (default: $JAX_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "train: this process's index (default: $JAX_PROCESS_ID).")
 
 USAGE = __doc__.split("\n\n")[1]
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 # The flags each command reads (``titans-lm <command> --help`` lists them).
 COMMAND_FLAGS = {"prepare": ("config", "verbose"),
-                 "train": ("config", "workdir", "eval_after", "bad_checkpoint", "verbose"),
+                 "train": ("config", "workdir", "eval_after", "bad_checkpoint", "verbose",
+                           "coordinator_address", "num_processes", "process_id"),
                  "eval": ("workdir", "split", "text", "step", "wikitext", "config",
-                          "bad_checkpoint", "verbose")}
+                          "bad_checkpoint", "verbose", "coordinator_address", "num_processes",
+                          "process_id")}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
     "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
@@ -122,8 +131,8 @@ def _prepare(argv) -> int:
 
 def _train(argv) -> int:
     del argv
-    from titans_lm.train import sharding
-    sharding.maybe_initialize_distributed()
+    from titans_lm.train import distributed
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from titans_lm.train.loop import train
     cfg = _load_config()
     workdir = _WORKDIR.value or default_workdir(cfg)
@@ -139,6 +148,8 @@ def _train(argv) -> int:
 
 def _eval(argv) -> int:
     del argv
+    from titans_lm.train import distributed
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from titans_lm.eval.evaluate import evaluate
     workdir = _WORKDIR.value
     if workdir is None:

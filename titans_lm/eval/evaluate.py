@@ -150,6 +150,9 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     from titans_lm.data.prepare import prepare, tokenize_documents
 
     workdir = Path(workdir).resolve()
+    primary = jax.process_index() == 0
+    if not primary:  # one process speaks for a multi-process evaluation
+        log, progress = (lambda msg: None), False
     ckpt = Checkpointer(workdir, read_only=True)
     try:
         def load(s: int):
@@ -165,7 +168,8 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
         needed = ("parameters", "config")
         explicit = None if step is None else [ckpt.resolve_step(step)]
         (cfg, fns, mesh, params_sh, params), step = ckpt.newest_usable(
-            load, policy=bad_checkpoint, log=lambda m: print(m, file=sys.stderr), needed=needed,
+            load, policy=bad_checkpoint, needed=needed,
+            log=lambda m: print(m, file=sys.stderr) if primary else None,
             steps=explicit)
         datasets = _datasets(cfg, split, text_file, wikitext)
         prepared = prepare(cfg.data, splits=("train",), log=None)

@@ -46,6 +46,7 @@ from tqdm import tqdm
 from titans_lm.config import validate
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer
+from titans_lm.train.distributed import check_process_rows
 from titans_lm.train.optimizer import make_optimizer
 from titans_lm.train.state import abstract_state, count_params, init_state, model_fns, state_shardings
 from titans_lm.train.step import jit_eval_step, jit_train_step
@@ -211,8 +212,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     check_train_config(cfg)
     workdir = Path(workdir).resolve()
     primary = jax.process_index() == 0
+    if not primary:
+        log = lambda msg: None  # noqa: E731  (messages, metrics and the bar: process 0 only)
     mesh = shd.make_mesh(cfg.mesh)
     check_mesh_fits(cfg, mesh)
+    check_process_rows(mesh, cfg.train.batch_size // cfg.train.grad_accum)
     tcfg = cfg.train
     T = int(cfg.data.seq_len)
 
