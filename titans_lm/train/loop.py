@@ -20,8 +20,10 @@ Stopping:
   130). A save already started is still completed on the way out; if the process dies during
   it, orbax's atomic rename discards the partial checkpoint and the previous one stays valid.
 - ``stop_at_step``: like an interruption at that step (status ``"stopped"``); used to split a run.
-- A non-finite loss: :class:`NonFiniteLossError` naming the step; nothing is saved after it, the
-  newest checkpoint on disk is the last good one.
+- A non-finite loss: :class:`NonFiniteLossError` naming the step and the likely cause (the
+  memory's inner loop or the optimiser, from the step's memory-state norms:
+  ``titans_lm.train.diagnose``); nothing is saved after it, the newest checkpoint on disk is the
+  last good one.
 
 Resuming is exact: the parameters, optimiser state, step and RNG come from the checkpoint, and so
 does the data iterator's position, so N steps + restart + N steps equal 2N steps straight.
@@ -46,6 +48,7 @@ from tqdm import tqdm
 from titans_lm.config import validate
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer
+from titans_lm.train.diagnose import likely_cause, memory_norms
 from titans_lm.train.distributed import check_process_rows
 from titans_lm.train.optimizer import make_optimizer
 from titans_lm.train.state import abstract_state, count_params, init_state, model_fns, state_shardings
@@ -310,6 +313,7 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
     tokens_per_step = tcfg.batch_size * T
     last_saved = start if ckpt.latest_step() == start else None
     pending: list = []  # [(step, device metrics)] not yet read back
+    peak_memory_norm: dict[int, float] = {}  # the largest memory_norm_i so far (the NaN message)
     clock = {"t": time.perf_counter()}
 
     def drain() -> None:
@@ -323,7 +327,9 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                          if good is not None else "no checkpoint was written")
                 raise NonFiniteLossError(
                     f"non-finite loss ({m['loss']}) at step {s}; training stopped and this state "
-                    f"was not saved; {where}. Lower optim.lr or raise optim.warmup_steps")
+                    f"was not saved; {where}. {likely_cause(m, peak_memory_norm)}")
+            for i, v in memory_norms(m).items():
+                peak_memory_norm[i] = max(peak_memory_norm.get(i, 0.0), v)
             now = time.perf_counter()
             tps = tokens_per_step / max(now - clock["t"], 1e-9)
             clock["t"] = now
