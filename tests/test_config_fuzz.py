@@ -1,6 +1,7 @@
 """Config fuzzing through the CLI's config path: random tiny configs, valid and invalid, each
 either trains one step or stops with one clear message naming a config field."""
 
+import importlib.util
 import random
 import re
 
@@ -67,14 +68,31 @@ def _draw(rng: random.Random):
     return backbone, overrides, bad
 
 
+def _load(backbone):
+    spec = importlib.util.spec_from_file_location(f"{backbone}_config", CONFIGS[backbone])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config("tiny")
+
+
 def _run(backbone, overrides, cache, workdir):
-    """The CLI's path: parse --config and the overrides, then train. -> (trained, message)."""
-    argv = ["titans-lm train", f"--config={CONFIGS[backbone]}:tiny",
-            f"--config.data.cache_dir={cache}", f"--workdir={workdir}"]
-    argv += [f"--config.{k}={v}" for k, v in overrides.items()]
+    """The CLI's config path, in-process: the config file's tiny config, locked, with each
+    ``--config.<field>=value`` applied as config_flags does (an unknown field or a wrong type is
+    refused naming the field), then ``train``. -> (trained one step, message)."""
+    cfg = _load(backbone)
+    cfg.lock()
     try:
-        cli.parse_flags(argv)
-        cfg = cli._load_config()
+        for key, value in {"data.cache_dir": str(cache), **overrides}.items():
+            *path, leaf = key.split(".")
+            node = cfg
+            for part in path:
+                node = node[part]
+            if leaf not in node:
+                raise cli.UsageError(f"unknown config field {key!r}")
+            try:
+                node[leaf] = value
+            except TypeError as e:
+                raise cli.UsageError(f"config field {key}: {e}") from None
         res = train(cfg, workdir, progress=False, log=lambda m: None)
         return res.step == 1, ""
     except (cli.UsageError, ValueError, CheckpointError) as e:
