@@ -62,7 +62,7 @@ def test_two_processes_of_four_devices_match_one_of_eight(backbone, tmp_path):
     one = train(_config(cache, backbone == "lmm"), tmp_path / "one", progress=False,
                 log=lambda m: None)
     code = launch_local.launch(args + ["--noeval_after"], num_processes=2, devices_per_process=4,
-                               log_dir=tmp_path / "logs", timeout_s=240)
+                               log_dir=tmp_path / "logs", timeout_s=600)
     assert code == 0, (tmp_path / "logs" / "process_1.log").read_text()[-3000:]
     two = _losses(tmp_path / "mp")
     assert sorted(two) == [1, 2, 3, 4, 5] == sorted(one.losses)
