@@ -69,14 +69,30 @@ _SEED = flags.DEFINE_integer("seed", 0, "generate: PRNG seed of the samples.")
 _MAX_CONTEXT = flags.DEFINE_integer(
     "max_context", None, "generate: Transformer++'s KV cache in tokens (default: the training "
     "length data.seq_len).")
+_BAD_CHECKPOINT = flags.DEFINE_enum(
+    "bad_checkpoint", "fallback", ["fallback", "refuse"],
+    "train/eval: when the newest checkpoint is damaged, name it and use the previous complete "
+    "one (fallback), or stop (refuse).")
+_VERBOSE = flags.DEFINE_boolean("verbose", False, "Print the traceback of an error too.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "train/eval: multi-process run, host:port of process 0's "
+    "coordinator (default: $JAX_COORDINATOR_ADDRESS; see scripts/launch_local.py).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "train: number of processes (default: $JAX_NUM_PROCESSES).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "train: this process's index (default: $JAX_PROCESS_ID).")
 
 USAGE = __doc__.split("\n\n")[1]
 HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 # The flags each command reads (``titans-lm <command> --help`` lists them).
-COMMAND_FLAGS = {"prepare": ("config",), "train": ("config", "workdir", "eval_after"),
-                 "eval": ("workdir", "split", "text", "step", "wikitext", "context", "config"),
+COMMAND_FLAGS = {"prepare": ("config", "verbose"),
+                 "train": ("config", "workdir", "eval_after", "bad_checkpoint", "verbose",
+                           "coordinator_address", "num_processes", "process_id"),
+                 "eval": ("workdir", "split", "text", "step", "wikitext", "context", "config",
+                          "bad_checkpoint", "verbose", "coordinator_address", "num_processes",
+                          "process_id"),
                  "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
-                              "top_k", "top_p", "seed", "max_context", "step"),
+                              "top_k", "top_p", "seed", "max_context", "step", "verbose"),
                  "config": ("config",), "plot": ("out",)}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
@@ -117,6 +133,9 @@ def command_help(cmd: str) -> str:
 
 
 def _fail(cmd: str, err: BaseException) -> int:
+    if _VERBOSE.value:
+        import traceback
+        traceback.print_exception(err, file=sys.stderr)
     print(f"titans-lm {cmd}: error: {err}", file=sys.stderr)
     return 1
 
@@ -157,14 +176,14 @@ def _prepare(argv) -> int:
 
 def _train(argv) -> int:
     del argv
-    from titans_lm.train import sharding
-    sharding.maybe_initialize_distributed()
+    from titans_lm.train import distributed
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from titans_lm.train.loop import train
     cfg = _load_config()
     workdir = _WORKDIR.value or default_workdir(cfg)
     print(f"workdir: {workdir}", file=sys.stderr)
     _PHASE["now"] = "the set-up before the training steps (this call saved no checkpoint)"
-    result = train(cfg, workdir)
+    result = train(cfg, workdir, bad_checkpoint=_BAD_CHECKPOINT.value)
     if result.status == "interrupted":
         return 128 + int(result.signal)
     if result.status == "completed" and _EVAL_AFTER.value:
@@ -172,12 +191,14 @@ def _train(argv) -> int:
         _PHASE["now"] = (f"the final evaluation; training is complete and its checkpoint (step "
                          f"{result.step}) is saved: run `titans-lm eval --workdir={workdir}` to "
                          f"evaluate it")
-        evaluate(workdir)
+        evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value)
     return 0
 
 
 def _eval(argv) -> int:
     del argv
+    from titans_lm.train import distributed
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from titans_lm.eval.evaluate import evaluate
     workdir = _WORKDIR.value
     if workdir is None:
@@ -186,7 +207,8 @@ def _eval(argv) -> int:
         workdir = default_workdir(_load_config())
     _PHASE["now"] = "evaluation; the results of the datasets not yet scored were not written"
     evaluate(workdir, split=_SPLIT.value, text_file=_TEXT.value, step=_STEP.value,
-             wikitext=_WIKITEXT.value, context=_CONTEXT.value, overrides=_EVAL_OVERRIDES)
+             wikitext=_WIKITEXT.value, context=_CONTEXT.value, overrides=_EVAL_OVERRIDES,
+             bad_checkpoint=_BAD_CHECKPOINT.value)
     return 0
 
 

@@ -5,14 +5,16 @@ A window is ``seq_len + 1`` consecutive store tokens starting at a multiple of `
 pads every document to a multiple of ``doc_align``, every document start inside a window then
 sits at a window position that is a multiple of ``doc_align``.
 
-Order: the candidate starts are first split between processes (process ``i`` of ``n`` takes
-candidates ``i, i + n, i + 2n, ...``, so the processes' windows are disjoint), then shuffled by
-grain with a fresh permutation every epoch (``MapDataset.shuffle`` followed by ``repeat(None)``:
-grain seeds epoch ``e`` with ``seed + e``; the user seed is first spread by
-``numpy.random.SeedSequence`` so that runs with seeds ``s`` and ``s + 1`` do not share
-permutations one epoch apart), repeated forever and batched ``batch_size // shard_count`` rows per
-process. Everything is deterministic given the seed, and the iterator's state (grain's
-``get_state``: a small JSON-serialisable dict) restores the exact continuation.
+Order: the candidate starts are shuffled by grain with a fresh permutation every epoch
+(``MapDataset.shuffle`` followed by ``repeat(None)``: grain seeds epoch ``e`` with ``seed + e``;
+the user seed is first spread by ``numpy.random.SeedSequence`` so that runs with seeds ``s`` and
+``s + 1`` do not share permutations one epoch apart), repeated forever and batched into *global*
+batches of ``batch_size`` starts. With several processes every process computes the same global
+batches of starts and reads only its own contiguous block of rows (process ``i`` of ``n`` reads
+rows ``[i B/n, (i + 1) B/n)``, the rows its devices hold), so the global batch, and with it the
+loss, does not depend on the number of processes. Everything is deterministic given the seed,
+and the iterator's state (grain's ``get_state``: a small JSON-serialisable dict counting
+batches) restores the exact continuation.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ class ReadWindow(grain.transforms.Map):
                 "segment_ids": self._store.segment_ids(start, self._length)}
 
 
+class ReadRows(grain.transforms.Map):
+    """Map a global batch of window starts ``int64[B]`` to this process's rows
+    ``{"tokens", "segment_ids"}: int32[B / n, T + 1]`` (rows ``[i B/n, (i + 1) B/n)``)."""
+
+    def __init__(self, store: TokenStore, seq_len: int, shard_index: int, shard_count: int):
+        self._window = ReadWindow(store, seq_len)
+        self._index, self._count = shard_index, shard_count
+
+    def map(self, starts):
+        rows = len(starts) // self._count
+        mine = [self._window.map(s) for s in starts[self._index * rows:(self._index + 1) * rows]]
+        return {k: np.stack([m[k] for m in mine]) for k in ("tokens", "segment_ids")}
+
+
 def _grain_seed(seed: int) -> int:
     return int(np.random.SeedSequence(seed).generate_state(1, dtype=np.uint32)[0])
 
@@ -85,15 +101,12 @@ def make_train_dataset(store: TokenStore, *, seq_len: int, batch_size: int, seed
                          f"doc_align={store.doc_align} ({store.path})")
     if seed < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
-    starts = window_starts(store.num_tokens, seq_len, doc_align)[shard_index::shard_count]
-    if starts.size == 0:
-        raise ValueError(f"process {shard_index} of {shard_count} gets no window: the store has "
-                         f"{store.num_tokens} tokens for windows of {seq_len + 1}")
+    starts = window_starts(store.num_tokens, seq_len, doc_align)
     return (grain.MapDataset.source(starts)
             .shuffle(seed=_grain_seed(seed))
             .repeat(None)
-            .map(ReadWindow(store, seq_len))
-            .batch(batch_size // shard_count, drop_remainder=True))
+            .batch(batch_size, drop_remainder=True)
+            .map(ReadRows(store, seq_len, shard_index, shard_count)))
 
 
 def make_train_iterator(store: TokenStore, *, seq_len: int, batch_size: int, seed: int, doc_align: int,

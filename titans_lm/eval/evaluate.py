@@ -175,10 +175,15 @@ class LoadedRun:
 
 
 def load_run(workdir: str | Path, step: int | None = None, *, max_context: int | None = None,
-             overrides: dict[str, str] | None = None) -> LoadedRun:
+             overrides: dict[str, str] | None = None, bad_checkpoint: str = "fallback",
+             log: Log | None = None) -> LoadedRun:
     """Restore the parameters of ``workdir``'s checkpoint ``step`` (default: the newest) with
     the model its saved config describes (with ``overrides``, eval-time config changes:
     :func:`titans_lm.cli_config.apply_eval_overrides`).
+
+    ``bad_checkpoint``: "fallback" (a checkpoint whose parameters or config are damaged is named
+    and the previous complete one used; not with an explicit ``step``) or "refuse". Damage to
+    the optimiser state only is named through ``log`` (default: stderr) and does not matter here.
 
     Raises:
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
@@ -187,19 +192,27 @@ def load_run(workdir: str | Path, step: int | None = None, *, max_context: int |
     from titans_lm.cli_config import apply_eval_overrides
     from titans_lm.config import validate
 
+    primary = jax.process_index() == 0
+    if log is None:
+        log = lambda m: print(m, file=sys.stderr) if primary else None  # noqa: E731
     ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
     try:
-        step = ckpt.resolve_step(step)
-        saved = ckpt.read_config(step)
-        cfg = apply_eval_overrides(saved, overrides or {})
-        validate(cfg)
-        cfg = with_max_context(cfg, max_context)
-        fns = model_fns(cfg.model)
-        mesh = _eval_mesh(cfg)
-        params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
-        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                fns.abstract_params(), params_sh)
-        params, step = ckpt.restore_params(abstract, step)
+        def load(s: int):
+            saved = ckpt.read_config(s)
+            cfg = apply_eval_overrides(saved, overrides or {})
+            validate(cfg)
+            cfg = with_max_context(cfg, max_context)
+            fns = model_fns(cfg.model)
+            mesh = _eval_mesh(cfg)
+            params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
+            abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                                    fns.abstract_params(), params_sh)
+            return cfg, fns, mesh, params_sh, ckpt.restore_params(abstract, s)[0], saved
+        # Evaluation reads the parameters and the config: damage elsewhere (the optimiser state)
+        # is reported and does not stop it.
+        explicit = None if step is None else [ckpt.resolve_step(step)]
+        (cfg, fns, mesh, params_sh, params, saved), step = ckpt.newest_usable(
+            load, policy=bad_checkpoint, needed=("parameters", "config"), log=log, steps=explicit)
     finally:
         ckpt.close()
     return LoadedRun(cfg, fns, params, params_sh, mesh, step, saved)
@@ -227,8 +240,8 @@ def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
 
 def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = None,
              step: int | None = None, *, wikitext: bool = True, context: str = "reset",
-             log: Log = print, progress: bool = True, overrides: dict[str, str] | None = None
-             ) -> dict[str, dict[str, Any]]:
+             log: Log = print, progress: bool = True, overrides: dict[str, str] | None = None,
+             bad_checkpoint: str = "fallback") -> dict[str, dict[str, Any]]:
     """Score a trained run on held-out text.
 
     Args:
@@ -242,6 +255,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       overrides: ``{field: value text}`` applied to the checkpoint's config
         (:func:`titans_lm.cli_config.apply_eval_overrides`).
       log: message sink. progress: show progress bars.
+      bad_checkpoint: "fallback" or "refuse" (:func:`load_run`).
 
     Returns:
       name -> result dict (``model`` and ``unigram`` totals and metrics, ``modes``: per context
@@ -263,7 +277,9 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
         return {"task": {"records": evaluate_task(workdir, step, log=log)}}
     modes = context_modes(context)
     workdir = Path(workdir).resolve()
-    run = load_run(workdir, step, overrides=overrides)
+    if jax.process_index() != 0:  # one process speaks for a multi-process evaluation
+        log, progress = (lambda msg: None), False
+    run = load_run(workdir, step, overrides=overrides, bad_checkpoint=bad_checkpoint)
     cfg, fns, params, params_sh, mesh, step = (run.cfg, run.fns, run.params, run.params_sh,
                                                run.mesh, run.step)
     suffix = result_suffix(overrides or {}, run.saved_cfg)

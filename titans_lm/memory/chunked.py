@@ -93,6 +93,34 @@ def gradient_factors(model: InnerModel, params: Params, k: jax.Array, v: jax.Arr
                            signals=tuple(signals))
 
 
+def surprise_scale(factors: GradientFactors, max_norm: float) -> jax.Array:
+    """[b] factors c_s = min(1, max_norm / ||G_s||) that clip each token's gradient (its momentary
+    surprise, over all inner parameters: ||u_s^T d_s||_F = ||u_s|| ||d_s|| for a matrix) to
+    ``max_norm``. Scaling token s's gradient by c_s equals scaling theta_s by c_s, so the clip
+    multiplies column s of the write coefficients (C, M). ``max_norm <= 0``: ones (no clip)."""
+    sq = 0.0
+    for u, d in zip(factors.inputs, factors.signals):
+        dd = jnp.sum(d * d, axis=-1)
+        sq = sq + (dd if u is None else jnp.sum(u * u, axis=-1) * dd)
+    if max_norm <= 0:
+        return jnp.ones_like(sq)
+    over = sq > max_norm ** 2
+    norm = jnp.sqrt(jnp.where(over, sq, 1.0))
+    return jnp.where(over, max_norm / norm, 1.0)
+
+
+def clip_surprise(factors: GradientFactors, max_norm: float, coef, ends):
+    """(coef, ends) with column s of the write coefficients scaled by :func:`surprise_scale`
+    (unchanged for ``max_norm <= 0``; ``coef`` may be None)."""
+    if max_norm <= 0:
+        return coef, ends
+    c = surprise_scale(factors, max_norm)
+    ends = ends._replace(C=ends.C * c, M=ends.M * c)
+    if coef is not None:
+        coef = coef._replace(C=coef.C * c[None, :])
+    return coef, ends
+
+
 class _DualReadAccess:
     """Reads row i through the parameters after token i's write, without materialising them."""
 
@@ -149,7 +177,8 @@ def end_rows(coef: ChunkCoefficients, n_valid=None) -> EndRows:
 
 
 def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v, q,
-                                 coef: ChunkCoefficients, ends: EndRows, *, read: str = "after_write"):
+                                 coef: ChunkCoefficients, ends: EndRows, *, read: str = "after_write",
+                                 surprise_max_norm: float = 0.0):
     """The state-dependent part of :func:`chunk_step`, given the chunk's gate coefficients.
 
     The coefficients depend on the gates only, so a scan can compute them for every chunk at once
@@ -157,12 +186,15 @@ def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v
     the reads (with :func:`~titans_lm.memory.coefficients.with_running_mean` applied for TTT's
     running-mean reads), ``ends`` the chunk-end state. Outer-loop parameters of the model
     (:meth:`~titans_lm.memory.inner_models.InnerModel.outer_params`) pass through unchanged.
+    ``surprise_max_norm > 0`` clips each token's gradient at P0 to that norm
+    (:func:`surprise_scale`; the guard ``MemoryConfig.surprise_max_norm``).
 
     Returns:
       (reads [b, d_v], P_end, S_end).
     """
     factors = gradient_factors(model, P0, k, v)
     outer = model.outer_params()
+    coef, ends = clip_surprise(factors, surprise_max_norm, coef, ends)
     if read == "after_write":
         reads = model.forward(_DualReadAccess(P0, S0, factors, coef, outer), q)
     else:
@@ -229,7 +261,8 @@ def _pad_rows(x, total, value):
 
 def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                  chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
-                 running_mean: bool = False, log_keep=None, state_length=None):
+                 running_mean: bool = False, log_keep=None, state_length=None,
+                 surprise_max_norm: float = 0.0):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     The sequence is cut into ceil(T / chunk_size) chunks; the last one is padded with zero keys,
@@ -247,6 +280,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
       running_mean: TTT's running-mean reads (see :func:`chunk_step`).
       log_keep: optional [T] log(1 - alpha), used instead of alpha (padded with 0).
       state_length: None (the state after all T tokens) or an int scalar in 0..T, may be traced.
+      surprise_max_norm: clip each token's gradient to this norm (0: off; see
+        :func:`surprise_scale`).
     Raises:
       ValueError: for chunks_per_checkpoint < 1.
     """
@@ -304,6 +339,9 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         P = tuple(jnp.where(rs, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(rs, z, s) for z, s in zip(zeros, S))
         factors = gradient_factors(model, P, kc, vc)
+        cf, ed = clip_surprise(factors, surprise_max_norm, cf, ed)
+        if keeping:
+            _, ked = clip_surprise(factors, surprise_max_norm, None, ked)
         if read == "after_write":
             reads = model.forward(_DualReadAccess(P, S, factors, cf, outer), qc)
         else:

@@ -79,12 +79,26 @@ class MemoryConfig:
       use_conv: causal depthwise short convolution on q, k, v (reset at document starts).
       conv_kernel: its width (Titans: 4).
       qk_l2_norm: l2-normalise queries and keys (Titans).
+      v_l2_norm: l2-normalise the values too (the memory's targets). The read is RMS-normalised
+        before the output gate, so the values' scale never reaches the output, but it sets the
+        inner loop's step: the surprise grows with ||v||, and a deep memory (memory_depth >= 2)
+        that moves its weights far to fit large targets raises its own curvature (a product of
+        its layers' norms), so unnormalised values of norm ~10 made a depth-4 memory diverge
+        within its theta / (1 - eta) bound. With unit keys and unit values that bound holds at
+        every depth. Off by default (Titans normalises q and k only); on in the Titans configs.
       use_output_gate: y = RMSNorm(reads) * SiLU(x W_g) before the output projection.
       read: "after_write" (read token t after its own write) or "chunk_start".
       read_running_mean: TTT's reads inside a mini-batch: the read at position j of a chunk
         weights the gradients so far by 1 / (j + 1) (their running mean) rather than by the
         per-token theta, which carries 1/b in the TTT configs (``memory_scan(running_mean=True)``;
         ttt-lm-jax ``token_idx``). The state after each chunk is the same either way.
+      surprise_max_norm: the in-graph guard against inner-loop divergence, off at 0: each
+        token's momentary surprise (the gradient of its inner loss at the chunk-start state, over
+        all inner parameters) is clipped to this Frobenius norm before it enters the momentum,
+        which is the same as lowering that token's theta. It bounds every write by
+        theta_max * surprise_max_norm / (1 - eta_max) whatever the memory's curvature (which
+        grows with memory_depth). Cost: one norm per token from the factors the engine already
+        has (scripts/memory_guard_cost.py). Engines "chunked" and "reference" only.
       impl: engine implementation ("chunked", "reference", or a registered one).
       chunks_per_checkpoint: chunks per rematerialisation group of the chunked engine.
       dtype: compute dtype of the projections ("float32" | "bfloat16" | "float64"); the inner
@@ -127,9 +141,11 @@ class MemoryConfig:
     use_conv: bool = True
     conv_kernel: int = 4
     qk_l2_norm: bool = True
+    v_l2_norm: bool = False
     use_output_gate: bool = True
     read: str = "after_write"
     read_running_mean: bool = False
+    surprise_max_norm: float = 0.0
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -159,6 +175,10 @@ class MemoryConfig:
              f"must be one of {GATE_GRANULARITIES}")
         need(self.read in READ_MODES, "read", f"must be one of {READ_MODES}")
         need(self.impl in IMPLEMENTATIONS, "impl", f"must be one of {sorted(IMPLEMENTATIONS)}")
+        need(self.surprise_max_norm >= 0, "surprise_max_norm", "must be >= 0 (0: off)")
+        need(self.surprise_max_norm == 0 or self.impl in ("chunked", "reference"),
+             "surprise_max_norm", f"is supported by impl 'chunked' and 'reference' only (impl is "
+             f"{self.impl!r}); set it to 0 or change impl")
         need(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}")
         need(self.param_dtype in DTYPES, "param_dtype", f"must be one of {DTYPES}")
         need(self.norm_eps > 0, "norm_eps", "must be positive")

@@ -5,6 +5,7 @@ Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; DESIGN.md sec.
     q, k, v = x W_Q, x W_K, x W_V                      [D] -> [H, head_dim]
     (optional) causal depthwise conv (kernel 4, restarting at document starts), then SiLU
     q, k <- q / ||q||, k / ||k||                        (qk_l2_norm)
+    v <- v / ||v||                                       (v_l2_norm; see MemoryConfig)
     theta, eta, alpha = gates(x)                         (see titans_lm.memory.gates; the forget
                                                           gate also as log(1 - alpha) = log_sigmoid(-a))
     reads = memory_scan(W0_h, 0, k, v, q, theta, eta, alpha)   (titans_lm.memory.scan)
@@ -45,6 +46,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from titans_lm.memory import gates as gate_fns
+from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.scan import check_resets, memory_read, memory_scan
 from titans_lm.nn.conv import carried_causal_conv
@@ -259,6 +261,8 @@ class NeuralMemory(nnx.Module):
         v = qkv(self.w_v, getattr(self, "conv_v", None), tails[2])
         if cfg.qk_l2_norm:
             q, k = self._l2_normalize(q), self._l2_normalize(k)
+        if cfg.v_l2_norm:
+            v = self._l2_normalize(v)
 
         xi = x_BTD.astype(idt)
 
@@ -345,6 +349,8 @@ class NeuralMemory(nnx.Module):
             options["running_mean"] = True
         if state_length is not None:
             options["state_length"] = state_length
+        if cfg.surprise_max_norm > 0:
+            options["surprise_max_norm"] = cfg.surprise_max_norm
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
@@ -360,6 +366,7 @@ class NeuralMemory(nnx.Module):
                                    q.astype(idt), theta.astype(idt), eta.astype(idt),
                                    alpha.astype(idt), reset, cast(reset_to),
                                    None if log_keep is None else log_keep.astype(idt))
+        memory_stats.record_state(self, P, self.initial_params())
         return reads, (P, S)
 
     def read(self, state: State, q_BHTD: jax.Array) -> jax.Array:

@@ -5,6 +5,7 @@ current chunk. At token t (Titans eqs. 12-14, mini-batch size b = chunk_size):
 
     if t % b == 0:  (P, S) <- (reset_to, 0) when reset[t];  P_start <- P
     G   = jax.grad(||f(k_t; .) - v_t||^2)(P_start)          # gradient at the chunk start
+    G  *= min(1, surprise_max_norm / ||G||)    (only with surprise_max_norm > 0: the guard)
     S   = eta_t S - theta_t G
     P   = (1 - alpha_t) P + S                               (or exp(log_keep_t) P + S)
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
@@ -27,7 +28,7 @@ from titans_lm.memory.inner_models import InnerModel
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
-                   log_keep=None, state_length=None):
+                   log_keep=None, state_length=None, surprise_max_norm: float = 0.0):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -36,7 +37,7 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     recurrence from (0, 0); the state is linear in it) and reads token t (position j in its chunk)
     through P + (b / (j + 1) - 1) Pg: the gradients so far weighted by 1 / (j + 1) instead of the
     1 / b in theta (TTT's running mean). ``state_length`` is None or an int32 scalar in 0..T,
-    possibly traced.
+    possibly traced. ``surprise_max_norm > 0`` clips each token's gradient to that norm.
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(model.loss)
@@ -54,6 +55,9 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         S = tuple(jnp.where(restart, z, s) for z, s in zip(zeros, S))
         P_start = tuple(jnp.where(at_start, p, p_s) for p, p_s in zip(P, P_start))
         G = grad_fn(P_start, k_t[None], v_t[None])
+        if surprise_max_norm > 0:
+            norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
+            G = tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
         S = tuple(s if i in outer else eta_t * s - theta_t * g for i, (s, g) in enumerate(zip(S, G)))
         P = tuple(p if i in outer else keep_t * p + s for i, (p, s) in enumerate(zip(P, S)))
         if running_mean:

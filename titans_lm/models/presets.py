@@ -72,9 +72,19 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # defaults (``MemoryConfig.write_gain``). The effective per-token rate
 # theta / (1 - eta) is then at most 0.005 (TTT-Linear: base_lr / head_dim = 0.016 without momentum,
 # stabilised by its LayerNorm inner model).
+#
+# That bound assumes unit-norm keys *and* targets of comparable scale: a linear memory's write is
+# affine in v, but a deep one (memory_depth >= 2) that moves its weights far to fit large values
+# raises its own curvature. Unnormalised values reach norms of 4-10 (SiLU outputs over 64 dims);
+# the tiny LMM with memory depth 4 at lr 3e-3 (batch 4, warmup 10) went to NaN at step 30 with
+# every gate inside its bounds (theta <= 0.00047, eta <= 0.889): the last layer's inner loop
+# diverged within the first quarter of a window. So the Titans configs l2-normalise the values
+# too (``v_l2_norm``; the read is RMS-normalised before the output anyway, so the values' scale
+# never reached the output). ``surprise_max_norm`` is the optional guard on top.
 TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_activation="silu",
                      chunk_size=16, gate_style="titans", use_momentum=True, use_decay=True,
-                     use_conv=True, qk_l2_norm=True, use_output_gate=True, theta_max=0.0005,
+                     use_conv=True, qk_l2_norm=True, v_l2_norm=True, use_output_gate=True,
+                     theta_max=0.0005,
                      eta_max=0.9, theta_bias_init=0.0)
 
 

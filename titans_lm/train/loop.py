@@ -20,8 +20,10 @@ Stopping:
   130). A save already started is still completed on the way out; if the process dies during
   it, orbax's atomic rename discards the partial checkpoint and the previous one stays valid.
 - ``stop_at_step``: like an interruption at that step (status ``"stopped"``); used to split a run.
-- A non-finite loss: :class:`NonFiniteLossError` naming the step; nothing is saved after it, the
-  newest checkpoint on disk is the last good one.
+- A non-finite loss: :class:`NonFiniteLossError` naming the step and the likely cause (the
+  memory's inner loop or the optimiser, from the step's memory-state norms:
+  ``titans_lm.train.diagnose``); nothing is saved after it, the newest checkpoint on disk is the
+  last good one.
 
 Resuming is exact: the parameters, optimiser state, step and RNG come from the checkpoint, and so
 does the data iterator's position, so N steps + restart + N steps equal 2N steps straight.
@@ -46,7 +48,9 @@ from tqdm import tqdm
 
 from titans_lm.config import validate
 from titans_lm.train import sharding as shd
-from titans_lm.train.checkpoint import Checkpointer
+from titans_lm.train.checkpoint import Checkpointer, DamagedCheckpointError
+from titans_lm.train.diagnose import likely_cause, memory_norms
+from titans_lm.train.distributed import check_process_rows
 from titans_lm.train.optimizer import make_optimizer, schedule_warnings
 from titans_lm.train.state import abstract_state, count_params, init_state, model_fns, state_shardings
 from titans_lm.train.step import jit_eval_step, jit_train_step
@@ -191,7 +195,7 @@ def _default_log(msg: str) -> None:
 
 def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
           stop_at_step: int | None = None, log: Log = _default_log,
-          progress: bool = True) -> TrainResult:
+          progress: bool = True, bad_checkpoint: str = "fallback") -> TrainResult:
     """Train (or resume training) the model of ``cfg`` in ``workdir``.
 
     Args:
@@ -200,6 +204,8 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
       stop_at_step: stop (with a checkpoint) once this step is reached, before ``train.steps``.
       log: sink for messages (default: printed above the progress bar).
       progress: show the tqdm progress bar.
+      bad_checkpoint: "fallback" (a damaged newest checkpoint is named, moved to
+        ``<workdir>/damaged_checkpoints/`` and the previous complete one used) or "refuse".
 
     Returns:
       a :class:`TrainResult`.
@@ -219,10 +225,13 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     check_train_config(cfg)
     workdir = Path(workdir).resolve()
     primary = jax.process_index() == 0
+    if not primary:
+        log = lambda msg: None  # noqa: E731  (messages, metrics and the bar: process 0 only)
     for warning in schedule_warnings(cfg.optim, cfg.train.steps):
         log(f"warning: {warning}")
     mesh = shd.make_mesh(cfg.mesh)
     check_mesh_fits(cfg, mesh)
+    check_process_rows(mesh, cfg.train.batch_size // cfg.train.grad_accum)
     tcfg = cfg.train
     T = int(cfg.data.seq_len)
 
@@ -248,23 +257,47 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     try:
         latest = ckpt.latest_step()
         if latest is not None:
-            ckpt.check_config(cfg, latest)
+            try:
+                ckpt.check_config(cfg, latest)
+            except DamagedCheckpointError:
+                pass  # named, and skipped for an earlier one, by resume_state below
             check_run_data(workdir, data, cfg.data.corpus, action="resume")
         if primary:  # the checkpoint (if any) fits this config and data: record them
             write_run_data(workdir, data, cfg.data.corpus)
             write_run_config(workdir, cfg)
         if latest is not None:
-            state, it_state, _ = ckpt.restore(abstract_state(fns, tx, mesh), latest)
-            if it_state is None:
-                raise ValueError(f"checkpoint {latest} in {workdir} holds no data-iterator state")
+            state, it_state, latest = resume_state(ckpt, cfg, abstract_state(fns, tx, mesh),
+                                                   bad_checkpoint, log)
             it.set_state(it_state)
-            log(f"resuming from the checkpoint at step {latest} in {ckpt.directory}")
         else:
             state = init_state(cfg.model, fns, tx, mesh, tcfg.seed)
         return _run(cfg, workdir, state, it, ckpt, fns, tx, schedule, mesh, data, stop_at_step,
                     log, progress and primary)
     finally:
         ckpt.close()
+
+
+def resume_state(ckpt: Checkpointer, cfg: ml_collections.ConfigDict, abstract, policy: str,
+                 log: Log):
+    """``(state, data_iterator_state, step)`` of the newest usable checkpoint (see
+    :meth:`Checkpointer.newest_usable`); says which, and names any save that was cut short.
+
+    Raises:
+      titans_lm.train.checkpoint.CheckpointError: a config mismatch, a damaged checkpoint with
+        policy "refuse", or no usable checkpoint.
+    """
+    def use(step):
+        ckpt.check_config(cfg, step)
+        state, it_state, _ = ckpt.restore(abstract, step)
+        if it_state is None:
+            raise ValueError(f"checkpoint {step} in {ckpt.workdir} holds no data-iterator state")
+        return state, it_state
+    (state, it_state), step = ckpt.newest_usable(use, policy=policy, log=log, quarantine=True)
+    cut = [n for n in ckpt.cut_short() if n.split(".")[0].isdigit() and int(n.split(".")[0]) > step]
+    note = (f" (the save of step {cut[-1].split('.')[0]} did not complete: {cut[-1]} is ignored)"
+            if cut else "")
+    log(f"resuming from the checkpoint at step {step} in {ckpt.directory}{note}")
+    return state, it_state, step
 
 
 def _run(cfg, workdir: Path, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh,
@@ -318,6 +351,7 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
     tokens_per_step = tcfg.batch_size * T
     last_saved = start if ckpt.latest_step() == start else None
     pending: list = []  # [(step, device metrics)] not yet read back
+    peak_memory_norm: dict[int, float] = {}  # the largest memory_norm_i so far (the NaN message)
     clock = {"t": time.perf_counter()}
 
     def drain() -> None:
@@ -331,7 +365,9 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                          if good is not None else "no checkpoint was written")
                 raise NonFiniteLossError(
                     f"non-finite loss ({m['loss']}) at step {s}; training stopped and this state "
-                    f"was not saved; {where}. Lower optim.lr or raise optim.warmup_steps")
+                    f"was not saved; {where}. {likely_cause(m, peak_memory_norm)}")
+            for i, v in memory_norms(m).items():
+                peak_memory_norm[i] = max(peak_memory_norm.get(i, 0.0), v)
             now = time.perf_counter()
             tps = tokens_per_step / max(now - clock["t"], 1e-9)
             clock["t"] = now

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -178,27 +177,11 @@ def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arra
 
 
 def maybe_initialize_distributed() -> bool:
-    """Call ``jax.distributed.initialize()`` when the environment describes a multi-host job.
-
-    It must run before anything else touches JAX (the CLI calls it first). Recognised:
-    ``JAX_COORDINATOR_ADDRESS`` (+ ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``), or a cluster
-    that JAX detects itself: SLURM (``SLURM_NTASKS`` > 1), Open MPI (``OMPI_COMM_WORLD_SIZE`` > 1),
-    multi-host TPU slices (``TPU_WORKER_HOSTNAMES`` listing several hosts). On a single host it
-    does nothing.
+    """Call ``jax.distributed.initialize()`` when the environment describes a multi-process job
+    (``titans_lm.train.distributed.initialize`` with no explicit arguments; see there).
 
     Returns:
       True when it initialised the distributed runtime.
     """
-    env = os.environ
-    if env.get("JAX_COORDINATOR_ADDRESS"):
-        jax.distributed.initialize(
-            coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
-            num_processes=int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env else None,
-            process_id=int(env["JAX_PROCESS_ID"]) if "JAX_PROCESS_ID" in env else None)
-        return True
-    multi = (int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
-             or "," in env.get("TPU_WORKER_HOSTNAMES", ""))
-    if multi:
-        jax.distributed.initialize()
-        return True
-    return False
+    from titans_lm.train import distributed
+    return distributed.initialize()

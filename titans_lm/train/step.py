@@ -69,6 +69,15 @@ def _nll_sum(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype
     return loss_sums(logits, targets, weights)
 
 
+def _nll_sum_and_stats(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype):
+    """``(nll_sum, (n_tokens, memory stats))``: the memory layers' state norms
+    (``titans_lm.memory.stats``) ride along as auxiliary outputs."""
+    from titans_lm.memory import stats as memory_stats
+    with memory_stats.collect() as st:
+        nll, n = _nll_sum(params, batch, fns, compute_dtype)
+    return nll, (n, st.as_metrics())
+
+
 def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
                tx: optax.GradientTransformation, schedule: optax.Schedule, grad_accum: int = 1,
                compute_dtype: str = "float32", micro_sharding: NamedSharding | None = None
@@ -89,13 +98,14 @@ def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
     Returns:
       ``(new_state, metrics)``; metrics are float32 scalars: ``loss`` (nats per scored token),
       ``grad_norm`` (global L2 norm before clipping), ``lr`` (rate used by this update),
-      ``tokens`` (scored target tokens in the batch).
+      ``tokens`` (scored target tokens in the batch), and for each memory layer i
+      ``memory_norm_i`` (its final state's norm relative to W0, ``titans_lm.memory.stats``).
     """
     dtype = jnp.dtype(compute_dtype)
-    grad_fn = jax.value_and_grad(_nll_sum, has_aux=True)
+    grad_fn = jax.value_and_grad(_nll_sum_and_stats, has_aux=True)
 
     if grad_accum == 1:
-        (nll, n_tok), grads = grad_fn(state.params, batch, fns, dtype)
+        (nll, (n_tok, mem)), grads = grad_fn(state.params, batch, fns, dtype)
     else:
         def to_micro(x):
             x = x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1)
@@ -104,19 +114,20 @@ def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
 
         def body(carry, mb):
             nll_acc, n_acc, g_acc = carry
-            (nll_i, n_i), g_i = grad_fn(state.params, mb, fns, dtype)
-            return (nll_acc + nll_i, n_acc + n_i, jax.tree.map(jnp.add, g_acc, g_i)), None
+            (nll_i, (n_i, mem_i)), g_i = grad_fn(state.params, mb, fns, dtype)
+            return (nll_acc + nll_i, n_acc + n_i, jax.tree.map(jnp.add, g_acc, g_i)), mem_i
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
-        (nll, n_tok, grads), _ = jax.lax.scan(body, init, micro)
+        (nll, n_tok, grads), mem = jax.lax.scan(body, init, micro)
+        mem = {k: jnp.max(v) for k, v in mem.items()}  # the largest over the micro-batches
     denom = jnp.maximum(n_tok, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     rng, _ = jax.random.split(state.rng)
     metrics = {"loss": nll / denom, "grad_norm": optax.tree.norm(grads),
-               "lr": jnp.asarray(schedule(state.step), jnp.float32), "tokens": n_tok}
+               "lr": jnp.asarray(schedule(state.step), jnp.float32), "tokens": n_tok, **mem}
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng), metrics
 
 
