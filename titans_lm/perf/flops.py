@@ -17,7 +17,10 @@ Two counts per sequence of T tokens (:class:`FlopCount`):
   (``jax.nn.dot_product_attention``'s XLA path on CPU), the memory pads the sequence to whole
   chunks, MAC computes the W0 retrieval of every token and the attention over
   [persistent || retrieved || segment] densely. ``tests/test_perf_flops.py`` checks this count
-  exactly against the ``dot_general`` FLOPs of the traced forward (:func:`jaxpr_matmul_flops`).
+  exactly against the ``dot_general`` FLOPs of the traced forward (:func:`jaxpr_matmul_flops`)
+  for backbones without persistent tokens; the persistent pass of ``LanguageModel.init_state``
+  (which also keeps its end state) and MAC's carried segment loop add bookkeeping matmuls that
+  the count leaves out (a few percent at the tiny sizes; checked to 5%).
 
 Per component (``FlopCount.parts``): ``attention_proj`` (W_Q, W_K, W_V, W_O), ``attention_core``
 (q k^T and p v), ``mlp`` (SwiGLU: 3 matrices, 6 D d_ff per token), ``memory_proj`` (the memory's
@@ -37,8 +40,9 @@ matrix W [d_in, d_out] of the inner model (a depth-2 MLP of width d and hidden h
 
 for each vector parameter of width d (the LayerNorm scale and shift of TTT's inner model, biases):
 C @ signals in the read (2 b^2 d) and two [b] @ [b, d] rows for the chunk end (4 b d); and the
-gate coefficients (``titans_lm.memory.coefficients``): two segment-product prefix sums
-(tri @ log g, tri @ zeros: 8 b^2), A = D @ E0 (2 b^2) and C = D @ E (2 b^3).
+gate coefficients (``titans_lm.memory.coefficients``): from alpha, two segment-product prefix
+sums (tri @ log g, tri @ zeros: 8 b^2), A = D @ E0 (2 b^2) and C = D @ E (2 b^3); from the
+log form log(1 - alpha) that the layer passes, 6 b^2 + 4 b^3 in all.
 
 So per token and head the dual form costs about 10 sum(d_in d_out) + 2 b (sum d_in + d_out) +
 2 b^2: linear in d_in d_out like a projection, plus terms that grow with the chunk size (at b =
@@ -107,12 +111,22 @@ def _mean_visible(n: int, window: int | None) -> float:
 
 
 def _inner_shapes(mcfg: MemoryConfig):
-    shapes = mcfg.inner_model().param_shapes(mcfg.head_dim, mcfg.head_dim)
-    return [s for s in shapes if len(s) == 2], [s[0] for s in shapes if len(s) == 1]
+    """(matrix shapes, widths of the vectors the inner loop updates): outer-loop vectors (TTT's
+    LayerNorm scale and shift, ``InnerModel.outer_params``) are read at their initial value and
+    never written, so the dual form spends no matmul on them."""
+    model = mcfg.inner_model()
+    shapes = model.param_shapes(mcfg.head_dim, mcfg.head_dim)
+    outer = model.outer_params()
+    return ([s for s in shapes if len(s) == 2],
+            [s[0] for i, s in enumerate(shapes) if len(s) == 1 and i not in outer])
 
 
-def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | None = None) -> float:
-    """Matmul FLOPs of one head's chunk of b tokens in the dual form (module docstring)."""
+def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | None = None,
+                       log_keep: bool = True) -> float:
+    """Matmul FLOPs of one head's chunk of b tokens in the dual form (module docstring).
+
+    ``log_keep``: the forget gate reaches the engine as log(1 - alpha), as the NeuralMemory layer
+    passes it (its segment products cost 6 b^2 + 4 b^3 against 10 b^2 + 2 b^3 from alpha)."""
     b = b or mcfg.chunk_size
     read = read or mcfg.read
     mats, vecs = _inner_shapes(mcfg)
@@ -126,7 +140,7 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
         f += 4 * b * di * do                              # chunk-end P and S
     for d in vecs:
         f += (2 * b * b * d if read == "after_write" else 0) + 4 * b * d
-    f += 8 * b * b + 2 * b * b + 2 * b ** 3              # coefficients
+    f += (6 * b * b + 4 * b ** 3) if log_keep else (8 * b * b + 2 * b * b + 2 * b ** 3)  # coefficients
     return f
 
 
