@@ -121,9 +121,10 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
     np.testing.assert_allclose(rl.sum(), reset.nll_nats, rtol=1e-6)
 
 
-@pytest.mark.parametrize("ablate_at,where", [(T, T), (T + 3, 2 * T)])
-def test_ablation_changes_only_positions_from_p(x64, ablate_at, where):
-    fns, params = _model("lmm")
+@pytest.mark.parametrize("name,ablate_at,where", [("lmm", T, T), ("lmm", T + 3, 2 * T),
+                                                  ("ttt_linear", T, T), ("mag", T + 3, 2 * T)])
+def test_ablation_changes_only_positions_from_p(x64, name, ablate_at, where):
+    fns, params = _model(name)
     docs = _docs([3 * T + 1, 2 * T + 5, 5], seed=3)
     step = make_position_step(StatefulLM(fns))
     kw = dict(seq_len=T, batch_size=2, mesh=_mesh())
