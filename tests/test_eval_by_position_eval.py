@@ -138,6 +138,9 @@ def test_ablation_changes_only_positions_from_p(x64, name, ablate_at, where):
     s = ablation_summary(base, abl, ablate_at, T)
     assert s["ablate_position"] == where and s["max_abs_diff_before"] == 0.0
     assert s["n_tokens_after"] == int((~before).sum())
+    first = (base[1] >= where) & (base[1] < where + T)
+    np.testing.assert_allclose(s["loss_increase_first_window"],
+                               abl[0][first].mean() - base[0][first].mean())
     np.testing.assert_allclose(s["loss_increase"],
                                abl[0][~before].mean() - base[0][~before].mean())
 

@@ -242,8 +242,9 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
 
     Returns a dict: ``ablate_at`` (as asked), ``ablate_position`` (``P'``, where the reset
     happens), token counts and mean losses (nats) before / after ``P'`` of both runs,
-    ``loss_increase`` (ablated - unablated mean after ``P'``) and ``max_abs_diff_before`` (0 when
-    the positions before ``P'`` are untouched, as they must be).
+    ``loss_increase`` (ablated - unablated mean after ``P'``) and ``loss_increase_first_window`` (the same over
+    ``[P', P' + T)``, the window right after the reset, before the memory has written again) and
+    ``max_abs_diff_before`` (0 when the positions before ``P'`` are untouched, as they must be).
     """
     p = ablation_window(ablate_at, seq_len) * int(seq_len)
     (lb, pb), (la, pa) = base, ablated
@@ -262,6 +263,10 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
            if (~after).any() else 0.0}
     out["loss_increase"] = (out["loss_after_ablated"] - out["loss_after"]
                             if after.any() else None)
+    first = after & (pb < p + int(seq_len))  # the window right after the reset
+    out["n_tokens_first_window"] = int(first.sum())
+    out["loss_increase_first_window"] = (float(la[first].mean() - lb[first].mean())
+                                         if first.any() else None)
     return out
 
 
@@ -386,7 +391,8 @@ def format_ablation(s: dict[str, Any]) -> str:
         return "-" if x is None or not math.isfinite(x) else f"{x:.4f}"
     return (f"memory ablation at position {s['ablate_position']} (asked {s['ablate_at']}): "
             f"loss after {f(s['loss_after'])} -> {f(s['loss_after_ablated'])} nats "
-            f"(increase {f(s['loss_increase'])}) over {s['n_tokens_after']:,} tokens; before: "
+            f"(increase {f(s['loss_increase'])}) over {s['n_tokens_after']:,} tokens, "
+            f"{f(s.get('loss_increase_first_window'))} in the window after it; before: "
             f"{f(s['loss_before'])} vs {f(s['loss_before_ablated'])} "
             f"(max difference {s['max_abs_diff_before']:.2e})")
 
