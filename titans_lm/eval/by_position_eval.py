@@ -338,7 +338,7 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
         for mode in modes:
             loss, pos = runs[mode]
             r = loss_by_position(loss, pos)
-            r.update(name=f"{cfg.model.name} {mode}", model_name=cfg.model.name, context=mode,
+            r.update(name=mode, model_name=cfg.model.name, context=mode,
                      dataset=name, step=run.step, seq_len=seq_len, n_docs=len(toks),
                      seconds=seconds.get(mode))
             results[mode] = r
@@ -347,7 +347,8 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
                     workdir / f"by_position_{name}_{mode}.json", r)))
         if jax.process_index() == 0:
             files.append(str(plot_by_position(
-                {r["name"]: r for r in results.values()}, workdir / f"by_position_{name}.png",
+                {f"{cfg.model.name} {m}": r for m, r in results.items()},
+                workdir / f"by_position_{name}.png",
                 title=f"{cfg.model.name} step {run.step}, {name}, windows of {seq_len}")))
         log(format_by_position(results))
     summary = None
