@@ -242,8 +242,8 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
 
     Returns a dict: ``ablate_at`` (as asked), ``ablate_position`` (``P'``, where the reset
     happens), token counts and mean losses (nats) before / after ``P'`` of both runs,
-    ``loss_increase`` (ablated - unablated mean after ``P'``) and ``loss_increase_first_window`` (the same over
-    ``[P', P' + T)``, the window right after the reset, before the memory has written again) and
+    ``loss_increase`` (ablated - unablated mean after ``P'``), ``loss_increase_first_window``
+    (the same over ``[P', P' + T)``, the window right after the reset) and
     ``max_abs_diff_before`` (0 when the positions before ``P'`` are untouched, as they must be).
     """
     p = ablation_window(ablate_at, seq_len) * int(seq_len)
