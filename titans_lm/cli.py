@@ -199,7 +199,8 @@ def _eval(argv) -> int:
     _PHASE["now"] = "evaluation; the results of the datasets not yet scored were not written"
     if _BY_POSITION.value or _ABLATE_AT.value is not None:
         from titans_lm.eval.by_position_eval import evaluate_by_position
-        evaluate_by_position(workdir, split=_SPLIT.value, step=_STEP.value, context=_CONTEXT.value,
+        evaluate_by_position(workdir, split=_SPLIT.value, step=_STEP.value, text_file=_TEXT.value,
+                             context=_CONTEXT.value,
                              by_position=_BY_POSITION.value, ablate_at=_ABLATE_AT.value,
                              max_tokens=_MAX_TOKENS.value, overrides=_EVAL_OVERRIDES)
         return 0

@@ -271,6 +271,7 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
 
 
 def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | None = None, *,
+                         text_file: str | None = None,
                          context: str = "carry", by_position: bool = True,
                          ablate_at: int | None = None, max_tokens: int = 0,
                          overrides: dict[str, str] | None = None, log: Log = print,
@@ -278,8 +279,9 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     """Loss by position (and the memory ablation) of a trained run on its held-out split.
 
     Args:
-      workdir, split, step, overrides: as :func:`titans_lm.eval.evaluate.evaluate`
-        (``eval.max_docs`` limits the documents).
+      workdir, split, step, text_file, overrides: as :func:`titans_lm.eval.evaluate.evaluate`
+        (the corpus's held-out ``split``, or the one document of ``text_file``; no WikiText;
+        ``eval.max_docs`` limits the documents).
       context: "carry", "reset" or "both": the curves to compute.
       by_position: write the by-position JSON and PNG.
       ablate_at: also run the memory ablation probe from this position (carry mode).
@@ -306,7 +308,7 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     suffix = result_suffix(overrides or {}, run.saved_cfg)
     prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
     check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
-    name, _, _, docs = _datasets(cfg, split, None, False)[0]
+    name, _, _, docs = _datasets(cfg, split, text_file, False)[0]
     name += suffix
     max_docs = int(cfg.eval.get("max_docs", 0) or 0)
     docs = docs[:max_docs] if max_docs else docs
