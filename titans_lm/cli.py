@@ -3,7 +3,7 @@
     titans-lm prepare --config=configs/transformer.py:tiny
     titans-lm train   --config=configs/transformer.py:tiny [--config.train.steps=100] [--workdir=runs/tiny]
     titans-lm eval    --workdir=runs/tiny [--split=test|validation] [--text=FILE] [--step=N]
-                      [--context=reset|carry|both]
+                      [--context=reset|carry|both] [--by_position] [--ablate_at=P] [--max_tokens=N]
     titans-lm generate --workdir=runs/tiny --prompt="ROMEO:" [--prompt_file=F] [--max_new_tokens=N]
                       [--temperature=T] [--top_k=K] [--top_p=P] [--seed=S]
     titans-lm config  --config=configs/transformer.py:tiny [--config.train.steps=100]
@@ -57,6 +57,17 @@ _CONTEXT = flags.DEFINE_enum(
     "eval: reset = every window from the initial state (as in training); carry = each document "
     "streamed window after window with the model's state carried (Transformer++: a sliding "
     "context of seq_len tokens); both = the two side by side.")
+_BY_POSITION = flags.DEFINE_boolean(
+    "by_position", False, "eval: mean token loss in log-spaced within-document position buckets "
+    "(per --context mode; documents streamed to their end): by_position_*.json and a PNG in the "
+    "workdir (titans_lm.eval.by_position_eval).")
+_ABLATE_AT = flags.DEFINE_integer(
+    "ablate_at", None, "eval: memory ablation probe: reset every neural memory at the first "
+    "window boundary at or after this position of each document and report the loss increase "
+    "after it against the unablated carry run (ablation_*.json).")
+_MAX_TOKENS = flags.DEFINE_integer(
+    "max_tokens", 0, "eval --by_position/--ablate_at: score only the first N tokens of each "
+    "document (0 = all).")
 _PROMPT = flags.DEFINE_multi_string(
     "prompt", None, "generate: a prompt (repeat the flag for a batch of prompts).")
 _PROMPT_FILE = flags.DEFINE_string(
@@ -88,9 +99,9 @@ HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 COMMAND_FLAGS = {"prepare": ("config", "verbose"),
                  "train": ("config", "workdir", "eval_after", "bad_checkpoint", "verbose",
                            "coordinator_address", "num_processes", "process_id"),
-                 "eval": ("workdir", "split", "text", "step", "wikitext", "context", "config",
-                          "bad_checkpoint", "verbose", "coordinator_address", "num_processes",
-                          "process_id"),
+                 "eval": ("workdir", "split", "text", "step", "wikitext", "context", "by_position",
+                          "ablate_at", "max_tokens", "config", "bad_checkpoint", "verbose",
+                          "coordinator_address", "num_processes", "process_id"),
                  "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
                               "top_k", "top_p", "seed", "max_context", "step", "verbose"),
                  "config": ("config",), "plot": ("out",)}
@@ -206,6 +217,13 @@ def _eval(argv) -> int:
             raise UsageError("--workdir is required (the directory of a trained run)")
         workdir = default_workdir(_load_config())
     _PHASE["now"] = "evaluation; the results of the datasets not yet scored were not written"
+    if _BY_POSITION.value or _ABLATE_AT.value is not None:
+        from titans_lm.eval.by_position_eval import evaluate_by_position
+        evaluate_by_position(workdir, split=_SPLIT.value, step=_STEP.value, text_file=_TEXT.value,
+                             context=_CONTEXT.value,
+                             by_position=_BY_POSITION.value, ablate_at=_ABLATE_AT.value,
+                             max_tokens=_MAX_TOKENS.value, overrides=_EVAL_OVERRIDES)
+        return 0
     evaluate(workdir, split=_SPLIT.value, text_file=_TEXT.value, step=_STEP.value,
              wikitext=_WIKITEXT.value, context=_CONTEXT.value, overrides=_EVAL_OVERRIDES,
              bad_checkpoint=_BAD_CHECKPOINT.value)

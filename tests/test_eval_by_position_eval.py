@@ -1,0 +1,197 @@
+"""Loss by position over streamed documents, and the memory ablation probe (float64 models)."""
+
+import importlib.util
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from _tiny_run import REPO, tiny_config
+from titans_lm.config import BOS_ID
+from titans_lm.eval.by_position import loss_by_position
+from titans_lm.eval.by_position_eval import (ablate_memory, ablation_summary, carry_losses,
+                                             evaluate_by_position, make_position_step,
+                                             make_reset_losses_fn, reset_losses,
+                                             stream_position_batches, token_losses)
+from titans_lm.eval.evaluate import make_score_fn, score_documents
+from titans_lm.eval.perplexity import score_batch
+from titans_lm.eval.streaming import StatefulLM, make_carry_step, score_documents_carry
+from titans_lm.train import sharding as shd
+from titans_lm.train.state import _build, model_fns
+
+T = 16
+VOCAB = 64
+
+
+@pytest.fixture
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def _docs(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        t = rng.integers(4, VOCAB, n).astype(np.int32)
+        t[0] = BOS_ID
+        out.append(t)
+    return out
+
+
+def _model(name, **changes):
+    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = mod.get_config("tiny").model
+    m.vocab_size, m.d_model, m.n_layers, m.d_ff = VOCAB, 32, 2, 64
+    m.dtype = m.param_dtype = "float64"
+    if "n_heads" in m:
+        m.n_heads = 2
+    if "memory" in m:
+        m.memory.head_dim = 16
+        m.memory.chunk_size = 8
+        m.memory.theta_max = 0.5  # a memory that writes enough to matter
+    if "window" in m and name != "transformer":
+        m.window = 8
+    for k, v in changes.items():
+        m[k] = v
+    fns = model_fns(m)
+    params = nnx.to_pure_dict(nnx.split(_build(m, 0), nnx.Param, ...)[1])
+    return fns, params
+
+
+def _mesh():
+    return shd.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+
+
+def test_token_losses_add_up_to_score_batch():
+    rng = np.random.default_rng(0)
+    batch = {"tokens": rng.integers(0, 11, (3, 9)).astype(np.int32),
+             "segment_ids": np.array([[1] * 9, [1] * 4 + [2] * 5, [1] * 6 + [0] * 3], np.int32)}
+    logits = jnp.asarray(rng.normal(size=(3, 8, 11)), jnp.float32)
+    nll, w = token_losses(logits, batch)
+    s, n = score_batch(logits, batch)
+    assert int(np.sum(w)) == int(n) == 8 + 7 + 5
+    np.testing.assert_allclose(float(np.sum(nll)), float(s), rtol=1e-6)
+    assert np.all(np.asarray(nll)[~np.asarray(w)] == 0)
+
+
+def test_stream_positions_index_each_document():
+    docs = _docs([3 * T + 1, 5, 2 * T + 4, 1 + T])
+    seen = 0
+    for batch, window, pos in stream_position_batches(docs, seq_len=T, n_rows=2):
+        for r in range(2):
+            seg = batch["segment_ids"][r, :-1]
+            if window[r] < 0:
+                assert not seg.any()
+                continue
+            d = int(seg[0]) - 1
+            real = seg > 0
+            np.testing.assert_array_equal(batch["tokens"][r, :-1][real], docs[d][pos[r][real]])
+            full = batch["segment_ids"][r]
+            seen += int(((full[1:] == full[:-1]) & (full[1:] != 0)).sum())
+    assert seen == sum(len(d) - 1 for d in docs)
+
+
+@pytest.mark.parametrize("name,changes", [("lmm", {}), ("transformer", {"max_context": T})])
+def test_buckets_sum_to_the_run_totals(x64, name, changes):
+    fns, params = _model(name, **changes)
+    docs = _docs([4 * T + 1, 7, 2 * T + 3], seed=1)
+    mesh = _mesh()
+    loss, pos = carry_losses(*make_position_step(StatefulLM(fns)), params, docs, seq_len=T,
+                             batch_size=2, mesh=mesh)
+    r = loss_by_position(loss, pos)
+    carry = score_documents_carry(*make_carry_step(StatefulLM(fns)), params, docs, [], seq_len=T,
+                                  batch_size=2, mesh=mesh)
+    assert r["total_count"] == carry.n_tokens == len(loss)
+    np.testing.assert_allclose(sum(r["loss_sum"]), carry.nll_nats, rtol=1e-10)
+    np.testing.assert_allclose(r["total_loss"], carry.nll_nats, rtol=1e-10)
+    assert pos.max() == 4 * T - 1 and r["edges"][-1] > 4 * T - 1
+    params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
+    reset = score_documents(make_score_fn(fns, params_sh, mesh), params, docs, [], seq_len=T,
+                            batch_size=3, mesh=mesh)
+    rl, rp = reset_losses(make_reset_losses_fn(fns), params, docs, seq_len=T, batch_size=3,
+                          mesh=mesh)
+    np.testing.assert_array_equal(np.sort(rp), np.sort(pos))
+    np.testing.assert_allclose(rl.sum(), reset.nll_nats, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name,ablate_at,where", [
+    ("lmm", T, T), ("lmm", T + 3, 2 * T),
+    pytest.param("ttt_linear", T, T, marks=pytest.mark.slow),
+    pytest.param("mag", T + 3, 2 * T, marks=pytest.mark.slow)])
+def test_ablation_changes_only_positions_from_p(x64, name, ablate_at, where):
+    fns, params = _model(name)
+    docs = _docs([3 * T + 1, 2 * T + 5, 5], seed=3)
+    step = make_position_step(StatefulLM(fns))
+    kw = dict(seq_len=T, batch_size=2, mesh=_mesh())
+    base = carry_losses(*step, params, docs, **kw)
+    abl = carry_losses(*step, params, docs, ablate_at=ablate_at, **kw)
+    np.testing.assert_array_equal(base[1], abl[1])
+    before = base[1] < where
+    np.testing.assert_array_equal(abl[0][before], base[0][before])  # exactly unchanged
+    diff = np.abs(abl[0] - base[0])[~before]
+    assert diff.min() >= 0 and diff.max() > 1e-4 and np.mean(diff > 1e-9) > 0.5
+    s = ablation_summary(base, abl, ablate_at, T)
+    assert s["ablate_position"] == where and s["max_abs_diff_before"] == 0.0
+    assert s["n_tokens_after"] == int((~before).sum())
+    first = (base[1] >= where) & (base[1] < where + T)
+    np.testing.assert_allclose(s["loss_increase_first_window"],
+                               abl[0][first].mean() - base[0][first].mean())
+    np.testing.assert_allclose(s["loss_increase"],
+                               abl[0][~before].mean() - base[0][~before].mean())
+
+
+def test_ablate_memory_resets_selected_rows_and_refuses_models_without_memory(x64):
+    fns, params = _model("lmm")
+    lm = StatefulLM(fns)
+    init, step = make_position_step(lm)
+    docs = _docs([2 * T + 1, 2 * T + 1], seed=4)
+    state = init(params, 2)
+    batch = next(stream_position_batches(docs, seq_len=T, n_rows=2))[0]
+    _, _, state = step(params, state, {k: jnp.asarray(v) for k, v in batch.items()})
+    out = ablate_memory(state, jnp.array([True, False]))
+    mems = [x for x in jax.tree.leaves(state, is_leaf=lambda n: hasattr(n, "reset_to"))
+            if hasattr(x, "reset_to")]
+    new = [x for x in jax.tree.leaves(out, is_leaf=lambda n: hasattr(n, "reset_to"))
+           if hasattr(x, "reset_to")]
+    assert len(mems) == 2  # one per layer
+    for m, n in zip(mems, new):
+        for p, p0, q in zip(m.params, m.reset_to, n.params):
+            np.testing.assert_array_equal(q[0], p0[0])
+            np.testing.assert_array_equal(q[1], p[1])
+            assert np.abs(np.asarray(p[0]) - np.asarray(p0[0])).max() > 0  # it had written
+        for mo, q in zip(m.momentum, n.momentum):
+            assert not np.asarray(q[0]).any()
+            np.testing.assert_array_equal(q[1], mo[1])
+    tfns, tparams = _model("transformer", max_context=T)
+    tstate = StatefulLM(tfns).init_state(tparams, 2)
+    with pytest.raises(ValueError, match="neural memory"):
+        ablate_memory(tstate, jnp.array([True, False]))
+
+
+@pytest.mark.slow
+def test_eval_by_position_writes_json_and_plot(tmp_path):
+    cfg = tiny_config(tmp_path / "cache", train__steps=2, train__eval_every=100,
+                      model__max_context=64)
+    from titans_lm.train.loop import train
+    train(cfg, tmp_path / "run", progress=False)
+    out = evaluate_by_position(tmp_path / "run", context="both", log=lambda s: None,
+                               progress=False, max_tokens=200)
+    assert set(out["by_position"]) == {"reset", "carry"}
+    png = [f for f in out["files"] if f.endswith(".png")]
+    assert len(png) == 1 and (tmp_path / "run" / png[0].split("/")[-1]).stat().st_size > 1000
+    for mode, r in out["by_position"].items():
+        saved = json.loads(open([f for f in out["files"] if f.endswith(f"_{mode}.json")][0]).read())
+        assert saved["total_count"] == r["total_count"] and saved["context"] == mode
+        np.testing.assert_allclose(sum(saved["loss_sum"]), saved["total_loss"], rtol=1e-12)
+    # the same run's totals: evaluate() over the same documents, cut to the same length
+    assert out["by_position"]["carry"]["total_count"] == out["by_position"]["reset"]["total_count"]
+    with pytest.raises(ValueError, match="neural memory"):
+        evaluate_by_position(tmp_path / "run", ablate_at=64, by_position=False,
+                             log=lambda s: None, progress=False, max_tokens=200)
