@@ -10,7 +10,7 @@ import pytest
 
 from titans_lm.memory import LinearMemory, MLPMemory, memory_scan
 
-from tests.test_memory_scan import FAST_COMPILE, functional, problem
+from test_memory_scan import FAST_COMPILE, functional, problem
 
 MODELS = {"linear": LinearMemory(), "mlp2": MLPMemory(depth=2, expansion=2.0)}
 T, CHUNK = 21, 8
