@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from _documents import random_docs
 from _tiny_run import REPO, tiny_config
-from titans_lm.config import BOS_ID
 from titans_lm.eval.by_position import loss_by_position
 from titans_lm.eval.by_position_eval import (ablate_memory, ablation_summary, carry_losses,
                                              evaluate_by_position, make_position_step,
@@ -34,13 +34,7 @@ def x64():
 
 
 def _docs(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        t = rng.integers(4, VOCAB, n).astype(np.int32)
-        t[0] = BOS_ID
-        out.append(t)
-    return out
+    return random_docs(lengths, VOCAB, seed)
 
 
 def _model(name, **changes):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from _documents import random_docs
 from _tiny_run import REPO
-from titans_lm.config import BOS_ID
 from titans_lm.eval.evaluate import make_score_fn, score_documents
 from titans_lm.eval.streaming import (StatefulLM, assign_rows, make_carry_step,
                                       score_documents_carry, stream_batches, stream_rows)
@@ -29,13 +29,7 @@ def x64():
 
 
 def _docs(lengths, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        t = rng.integers(4, VOCAB, n).astype(np.int32)
-        t[0] = BOS_ID
-        out.append(t)
-    return out
+    return random_docs(lengths, VOCAB, seed)
 
 
 def test_assign_rows_refills_the_row_that_frees_first():
