@@ -2,6 +2,7 @@
 (config.json, data.json, timestamps, plot), evaluation flags that mean what they say, and
 messages that lead with the cause. Every test goes through ``python -m titans_lm.cli``."""
 
+import re
 import json
 import lzma
 import os
@@ -109,7 +110,7 @@ def test_text_results_are_named_apart(run, tmp_path):
         f.write_text(f"{fname}: to be, or not to be.\n" * 4)
         p = run_cli(["eval", f"--workdir={w}", f"--text={f}"])
         assert p.returncode == 0, p.stderr
-        names.append(p.stdout.splitlines()[-1].split()[0])
+        names.append(next(l.split()[0] for l in p.stdout.splitlines() if l.startswith("text-")))
     results = sorted(x.name for x in w.glob("eval_text-notes.*"))
     assert len(results) == 2 and sorted(f"eval_{n}.json" for n in names) == results, results
     assert names[0].startswith("text-notes.v1.txt-")
@@ -123,7 +124,7 @@ def test_different_backbone_is_refused_leading_with_the_name(run):
     msg = p.stderr.split("titans-lm train: error: ", 1)[1]
     assert msg.startswith(f"cannot resume {root / 'run'}: its checkpoint (step 6) was written for "
                           "model.name='transformer', but the config asks for model.name='lmm'.")
-    assert "model.memory.* (26 fields)" in msg and len(msg.splitlines()) <= 6
+    assert re.search(r"model\.memory\.\* \(\d+ fields\)", msg) and len(msg.splitlines()) <= 6
     assert all(len(line) < 200 for line in msg.splitlines())
     assert json.loads((root / "run" / "config.json").read_text())["model"]["name"] == "transformer"
     _no_traceback(p)

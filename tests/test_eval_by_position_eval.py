@@ -117,8 +117,7 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
 
 @pytest.mark.parametrize("name,ablate_at,where", [
     ("lmm", T, T), ("lmm", T + 3, 2 * T),
-    pytest.param("ttt_linear", T, T, marks=pytest.mark.slow),
-    pytest.param("mag", T + 3, 2 * T, marks=pytest.mark.slow)])
+    pytest.param("ttt_linear", T, T, marks=pytest.mark.slow)])
 def test_ablation_changes_only_positions_from_p(x64, name, ablate_at, where):
     fns, params = _model(name)
     docs = _docs([3 * T + 1, 2 * T + 5, 5], seed=3)

@@ -105,7 +105,7 @@ def test_eval_reports_both_context_modes(run, tmp_path):
     short.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n")
     p = run_cli(["eval", f"--workdir={workdir}", f"--text={short}", "--context=both"])
     assert p.returncode == 0, p.stderr
-    res = json.loads((workdir / "eval_text-short.json").read_text())
+    res = json.loads(next(workdir.glob("eval_text-short.txt-*.json")).read_text())
     assert set(res["modes"]) == {"reset", "carry"} and res["model_context"] == "reset"
     r, c = res["modes"]["reset"]["model"], res["modes"]["carry"]["model"]
     assert 0 < r["n_tokens"] < 64 and r["n_tokens"] == c["n_tokens"]  # shorter than one window

@@ -16,6 +16,7 @@ from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.train.diagnose import likely_cause
+from _memory_call import call_fresh
 
 
 def _inputs(T, d, seed):
@@ -70,16 +71,16 @@ def test_memory_stats_record_each_layer_and_nothing_outside_collect():
 
     def f(x):
         with memory_stats.collect() as st:
-            y = layers[1](layers[0](x))
+            y = call_fresh(layers[1], call_fresh(layers[0], x))
         return y, st.as_metrics()
     y, m = jax.jit(f)(x)
     assert sorted(m) == ["memory_norm_0", "memory_norm_1"]
     assert all(0.1 < float(v) < 10 for v in m.values())
-    np.testing.assert_allclose(layers[0](x), jax.jit(lambda x: layers[0](x))(x), atol=1e-6)
+    np.testing.assert_allclose(call_fresh(layers[0], x), jax.jit(lambda x: call_fresh(layers[0], x))(x), atol=1e-6)
 
     def in_scan(x):  # a scan inside lax.scan cannot hand its value out: dropped, no error
         with memory_stats.collect() as st:
-            y, _ = jax.lax.scan(lambda c, xi: (c, layers[0](xi[None])[0]), 0.0, x)
+            y, _ = jax.lax.scan(lambda c, xi: (c, call_fresh(layers[0], xi[None])[0]), 0.0, x)
         return y, st.as_metrics()
     assert jax.jit(in_scan)(x)[1] == {}
 

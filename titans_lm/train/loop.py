@@ -261,9 +261,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
                 ckpt.check_config(cfg, latest)
             except DamagedCheckpointError:
                 pass  # named, and skipped for an earlier one, by resume_state below
-            check_run_data(workdir, data, cfg.data.corpus, action="resume")
+            if not cfg.data.task:  # a synthetic task has no corpus or tokenizer to check
+                check_run_data(workdir, data, cfg.data.corpus, action="resume")
         if primary:  # the checkpoint (if any) fits this config and data: record them
-            write_run_data(workdir, data, cfg.data.corpus)
+            if not cfg.data.task:
+                write_run_data(workdir, data, cfg.data.corpus)
             write_run_config(workdir, cfg)
         if latest is not None:
             state, it_state, latest = resume_state(ckpt, cfg, abstract_state(fns, tx, mesh),
