@@ -104,7 +104,7 @@ def test_random_configs_train_one_step_or_name_the_field(tmp_path):
     rng = random.Random(2026)
     cache = tmp_path / "cache"
     seen = {"trained": 0, "refused": 0}
-    for i in range(8):
+    for i in range(24):
         backbone, overrides, bad = _draw(rng)
         trained, msg = _run(backbone, overrides, cache, tmp_path / f"run{i}")
         where = f"draw {i} ({backbone}, bad field {bad}): {msg!r}"
