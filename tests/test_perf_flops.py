@@ -1,11 +1,13 @@
 """The analytic FLOP counts against the matmuls JAX actually traces, and against hand counts."""
 
-import importlib
+import importlib.util
 
 import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+
+from _tiny_run import REPO
 
 from titans_lm.memory import MLPMemory, memory_scan
 from titans_lm.memory.config import MemoryConfig
@@ -15,7 +17,10 @@ from titans_lm.perf.flops import (count_flops, jaxpr_matmul_flops, memory_chunk_
 
 
 def small_config(name, persistent=False, **memory):
-    m = importlib.import_module(f"configs.{name}").get_config("tiny").model
+    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = mod.get_config("tiny").model
     m.d_model, m.n_layers, m.d_ff, m.vocab_size = 128, 2, 96, 300
     if "n_persistent" in m and not persistent:
         m.n_persistent = 0
