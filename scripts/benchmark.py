@@ -179,11 +179,11 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
             state = init_state(m, fns, tx, mesh, seed=0)
             jobs["train"] = Job(compiled, (state, batch), carry_state=True)
     if "fwd" in modes:
-        from titans_lm.train.step import _cast_floats  # the train step's own cast
+        from titans_lm.train.step import cast_floats  # the train step's own cast
         cdt = jnp.dtype(cfg.train.compute_dtype)
 
         def forward(params, tokens, seg):
-            return fns.apply(_cast_floats(params, cdt), tokens, seg)
+            return fns.apply(cast_floats(params, cdt), tokens, seg)
 
         tok_spec = jax.ShapeDtypeStruct((B, T), np.int32)
         t0 = time.perf_counter()

@@ -83,3 +83,41 @@ def test_process_shards_are_the_global_rows(store):
     np.testing.assert_array_equal(half["tokens"], whole["tokens"][2:])
     with pytest.raises(ValueError, match="multiple"):
         StreamIterator(st, seq_len=T, batch_size=3, seed=3, shard_count=2)
+
+
+def test_doc_align_starts_every_document_at_a_multiple_and_pads_with_id_0(store):
+    st, docs = store
+    A = 8
+    it = StreamIterator(st, seq_len=T, batch_size=3, seed=5, doc_align=A)
+    _, toks, segs = _row_streams(it, 30)
+    for r in range(3):
+        real = segs[r] != 0
+        assert (toks[r][~real] == 0).all()
+        starts = np.flatnonzero(np.diff(np.concatenate([[0], segs[r]])) > 0)
+        assert (starts % A == 0).all() and (toks[r][starts] == BOS_ID).all()
+        n_docs = len(starts)
+        expect = np.concatenate([docs[it.document(r, j)] for j in range(n_docs)])
+        got = toks[r][real]
+        np.testing.assert_array_equal(got, expect[:len(got)])
+        # each document's padding fills its last block exactly: the next one starts right after
+        ends = [-(-len(docs[it.document(r, j)]) // A) * A for j in range(n_docs - 1)]
+        np.testing.assert_array_equal(np.diff(starts), ends)
+
+
+def test_doc_align_resume_is_exact_and_a_changed_alignment_is_refused(store):
+    st, _ = store
+    a = StreamIterator(st, seq_len=T, batch_size=2, seed=3, doc_align=8)
+    for _ in range(7):
+        next(a)
+    saved = json.loads(json.dumps(a.get_state()))
+    want = [next(a) for _ in range(5)]
+    b = StreamIterator(st, seq_len=T, batch_size=2, seed=3, doc_align=8)
+    b.set_state(saved)
+    for w in want:
+        g = next(b)
+        np.testing.assert_array_equal(g["tokens"], w["tokens"])
+        np.testing.assert_array_equal(g["segment_ids"], w["segment_ids"])
+    with pytest.raises(ValueError, match="doc_align"):
+        StreamIterator(st, seq_len=T, batch_size=2, seed=3, doc_align=4).set_state(saved)
+    with pytest.raises(ValueError, match="doc_align=5"):
+        StreamIterator(st, seq_len=T, batch_size=2, seed=3, doc_align=5)

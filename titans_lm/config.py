@@ -44,6 +44,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.batch_size = 16  # global batch, in sequences of seq_len tokens
     c.train.grad_accum = 1  # micro-batches per optimiser step
     c.train.compute_dtype = "float32"  # float32 | bfloat16 (parameters stay float32)
+    # Stateful training (truncated backprop through time, titans_lm.train.carry): each batch row
+    # reads its documents as consecutive windows and the model state is carried from step to step.
+    c.train.carry_state = False
     c.train.log_every = 10
     c.train.eval_every = 250
     c.train.eval_batches = 8
@@ -94,6 +97,14 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          "train.grad_accum", f"must divide train.batch_size={cfg.train.batch_size}, got {cfg.train.grad_accum}")
     need(cfg.train.compute_dtype in ("float32", "bfloat16"), "train.compute_dtype",
          f"must be 'float32' or 'bfloat16', got {cfg.train.compute_dtype!r}")
+    carry = cfg.train.get("carry_state", False)
+    need(isinstance(carry, bool), "train.carry_state", f"must be True or False, got {carry!r}")
+    need(not carry or cfg.train.grad_accum == 1, "train.carry_state",
+         f"needs train.grad_accum=1 (each batch row carries its own state from step to step; got "
+         f"train.grad_accum={cfg.train.grad_accum}): lower train.batch_size instead")
+    need(not carry or not cfg.data.get("task", ""), "train.carry_state",
+         f"applies to corpus training (documents read as consecutive windows); the synthetic task "
+         f"data.task={cfg.data.get('task', '')!r} draws independent sequences: set it False")
     need(cfg.optim.lr > 0, "optim.lr", f"must be positive, got {cfg.optim.lr}")
     need(0 <= cfg.optim.warmup_steps, "optim.warmup_steps", "must be >= 0")
     for ax in ("data", "fsdp", "tensor"):

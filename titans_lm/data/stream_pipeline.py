@@ -8,6 +8,11 @@ step ``s + 1`` must instead continue exactly where row ``r`` of step ``s`` stopp
 - Each row reads an endless stream of whole documents, back to back, ``T`` tokens per step: the
   window of step ``s`` holds the row-stream tokens ``[sT, sT + T]`` (``T + 1`` tokens: inputs and
   targets overlap by one, so its last token is the next window's first input).
+- With ``doc_align = A > 1`` each document is followed by padding (token ``PAD_ID``, segment id 0)
+  up to the next multiple of A of the row stream, so every document starts at a multiple of A
+  (and, since T is a multiple of A, at a multiple of A inside its window): a neural memory honours
+  a document start only at a chunk start (``titans_lm.memory.alignment``). Padding is never scored
+  and writes nothing into a memory.
 - Segment ids number the documents of a row (1, 2, 3, ...): a document that does not end inside
   a window continues in the next step's window of the same row *with the same segment id at its
   first token*, so the stateful model does not reset there (``StreamState.last_segment_id``);
@@ -21,7 +26,7 @@ step ``s + 1`` must instead continue exactly where row ``r`` of step ``s`` stopp
   process are the contiguous share ``[p B / n, (p + 1) B / n)`` of the global batch.
 
 The iterator state is, per row, ``(j, offset)``: the row is ``offset`` tokens into its ``j``-th
-document ``S[g + jB]`` (its segment id is ``j + 1``): a small JSON dict restoring the exact
+(padded) document ``S[g + jB]`` (its segment id is ``j + 1``): a small JSON dict restoring the exact
 continuation (``get_state`` / ``set_state``, as grain's iterators, so ``Checkpointer`` saves it).
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from titans_lm.config import PAD_ID
 from titans_lm.data.store import TokenStore
 
 
@@ -43,6 +49,7 @@ class StreamIterator:
       seq_len: T, tokens each row advances per step.
       batch_size: global rows B.
       seed: document-order seed (non-negative).
+      doc_align: documents start at multiples of this in the row stream (1: packed back to back).
       shard_index, shard_count: this process and the number of processes.
 
     Raises:
@@ -51,9 +58,11 @@ class StreamIterator:
     """
 
     def __init__(self, store: TokenStore, *, seq_len: int, batch_size: int, seed: int,
-                 shard_index: int = 0, shard_count: int = 1):
+                 doc_align: int = 1, shard_index: int = 0, shard_count: int = 1):
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
+        if doc_align < 1 or seq_len % doc_align:
+            raise ValueError(f"doc_align={doc_align} must be positive and divide seq_len={seq_len}")
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise ValueError(f"shard_index={shard_index} must lie in [0, shard_count={shard_count})")
         if batch_size < 1 or batch_size % shard_count:
@@ -64,6 +73,7 @@ class StreamIterator:
         if store.num_docs < 1 or int(np.max(store.doc_lengths)) < 2:
             raise ValueError(f"the token store {store.path} holds no document of 2 or more tokens")
         self.store, self.seq_len, self.batch_size, self.seed = store, seq_len, batch_size, seed
+        self.doc_align = doc_align
         b = batch_size // shard_count
         self.rows = list(range(shard_index * b, (shard_index + 1) * b))
         self._cursor = [(0, 0) for _ in self.rows]  # (j, offset) per local row
@@ -86,6 +96,7 @@ class StreamIterator:
     def _read(self, row: int, j: int, off: int, n: int):
         """n tokens of the row stream from (j, off): (tokens, segment ids, (j', off'))."""
         toks, segs = [], []
+        A = self.doc_align
         while n > 0:
             d = self.document(row, j)
             length = int(self.store.doc_lengths[d])
@@ -96,7 +107,13 @@ class StreamIterator:
                 segs.append(np.full(take, j + 1, np.int32))
                 n -= take
                 off += take
-            if off >= length:
+            pad = min(n, -(-length // A) * A - off)  # alignment padding after the document
+            if off >= length and pad > 0:
+                toks.append(np.full(pad, PAD_ID, np.int32))
+                segs.append(np.zeros(pad, np.int32))
+                n -= pad
+                off += pad
+            if off >= -(-length // A) * A:
                 j, off = j + 1, 0
         return toks, segs, (j, off)
 
@@ -119,7 +136,7 @@ class StreamIterator:
     # --- checkpointable state
     def get_state(self) -> dict:
         return {"kind": "stream", "seed": self.seed, "batch_size": self.batch_size,
-                "seq_len": self.seq_len, "rows": [[int(j), int(o)] for j, o in self._cursor]}
+                "seq_len": self.seq_len, "doc_align": self.doc_align, "rows": [[int(j), int(o)] for j, o in self._cursor]}
 
     def set_state(self, state: dict) -> None:
         """Restore a state from :meth:`get_state`.
@@ -128,7 +145,7 @@ class StreamIterator:
           ValueError: a state of another kind, seed, batch or window length, or row count.
         """
         mine = self.get_state()
-        for k in ("kind", "seed", "batch_size", "seq_len"):
+        for k in ("kind", "seed", "batch_size", "seq_len", "doc_align"):
             if state.get(k) != mine[k]:
                 raise ValueError(f"the saved data-iterator state has {k}={state.get(k)!r}, this run "
                                  f"{mine[k]!r}: resume with the config the checkpoint was written with")

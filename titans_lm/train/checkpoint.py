@@ -43,7 +43,10 @@ from titans_lm.train import integrity
 # cache_dir) and the trainer's schedule (steps, eval and checkpoint intervals) may change.
 DATA_FIELDS_CHECKED = ("corpus", "vocab_size", "tokenizer_sentences", "seq_len", "doc_align",
                        "shuffle_seed")
-TRAIN_FIELDS_CHECKED = ("batch_size",)
+TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
+# Checked fields added after checkpoints were first written: their value in a checkpoint that
+# predates them (so that older runs still resume).
+ABSENT_MEANS = {"train.carry_state": False}
 
 
 class CheckpointError(RuntimeError):
@@ -87,6 +90,28 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _is_empty(x: Any) -> bool:
+    return hasattr(x, "shape") and 0 in tuple(x.shape)
+
+
+def _without_empty(tree: Any) -> Any:
+    """``tree`` with its zero-size arrays (which orbax cannot write: e.g. a carried model state's
+    persistent-token slots of a model without persistent tokens) replaced by None."""
+    return jax.tree.map(lambda x: None if _is_empty(x) else x, tree)
+
+
+def _with_empty(restored: Any, abstract: Any) -> Any:
+    """The restored tree with the zero-size arrays of ``abstract`` (ShapeDtypeStructs with
+    shardings) put back, as :func:`_without_empty` removed them."""
+    def fill(a, r):
+        if _is_empty(a):
+            return jax.device_put(np.zeros(a.shape, a.dtype), a.sharding)
+        return r
+    flat_a, treedef = jax.tree.flatten(abstract)
+    flat_r = treedef.flatten_up_to(jax.tree.map(lambda x: x, restored, is_leaf=lambda x: x is None))
+    return treedef.unflatten([fill(a, r) for a, r in zip(flat_a, flat_r)])
+
+
 def config_to_json_dict(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     """The config as plain JSON types (tuples become lists)."""
     return json.loads(cfg.to_json_best_effort())
@@ -100,7 +125,7 @@ def config_differences(saved: Mapping[str, Any], requested: ml_collections.Confi
     A field present on one side only counts as different (shown as ``<absent>``).
     """
     want = _flatten(config_to_json_dict(requested))
-    have = _flatten(saved)
+    have = {**ABSENT_MEANS, **_flatten(saved)}
     keys = {k for k in set(want) | set(have) if k.startswith("model.")}
     keys |= {f"data.{f}" for f in DATA_FIELDS_CHECKED} | {f"train.{f}" for f in TRAIN_FIELDS_CHECKED}
     diffs = []
@@ -373,7 +398,7 @@ class Checkpointer:
         self._in_flight = step
         try:
             saved = self.manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
+                state=ocp.args.StandardSave(_without_empty(state)),
                 data=ocp.args.JsonSave(_jsonable({"iterator": data_state})),
                 config=ocp.args.JsonSave(config_to_json_dict(cfg))), force=True)
         except Exception as e:  # the synchronous part (directory creation, metadata) failed
@@ -445,10 +470,12 @@ class Checkpointer:
         step = self.resolve_step(step)
         try:
             r = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+                state=ocp.args.StandardRestore(_without_empty(abstract_state)),
+                data=ocp.args.JsonRestore()))
+            state = _with_empty(r.state, abstract_state)
         except Exception as e:
             raise self._unreadable(step, e) from e
-        return r.state, _from_jsonable(r.data).get("iterator"), step
+        return state, _from_jsonable(r.data).get("iterator"), step
 
     def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
         """Only the parameters (for evaluation): ``(params, step)``.

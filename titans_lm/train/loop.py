@@ -52,7 +52,8 @@ from titans_lm.train.checkpoint import Checkpointer, DamagedCheckpointError
 from titans_lm.train.diagnose import likely_cause, memory_norms
 from titans_lm.train.distributed import check_process_rows
 from titans_lm.train.optimizer import make_optimizer, schedule_warnings
-from titans_lm.train.state import abstract_state, count_params, init_state, model_fns, state_shardings
+from titans_lm.train.state import (NO_CARRY, Carry, abstract_state, count_params, init_state,
+                                   model_fns, state_shardings)
 from titans_lm.train.step import jit_eval_step, jit_train_step
 from titans_lm.train.writers import MetricWriter
 
@@ -99,6 +100,23 @@ def check_train_config(cfg: ml_collections.ConfigDict) -> None:
     for name in ("log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
         if cfg.train[name] < 1:
             raise ValueError(f"config field train.{name}: must be >= 1, got {cfg.train[name]}")
+
+
+def carry_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The run config as trained: with ``train.carry_state`` a full-attention model keeps a KV
+    cache of ``model.max_context`` tokens across steps, ``data.seq_len`` unless set (what
+    ``titans-lm eval --context=carry`` uses too); otherwise ``cfg`` itself."""
+    if not cfg.train.get("carry_state", False):
+        return cfg
+    from titans_lm.eval.evaluate import with_max_context
+    return with_max_context(cfg, None)
+
+
+def carry_of(cfg: ml_collections.ConfigDict) -> Carry:
+    """The train state's carried model state for ``cfg`` (``titans_lm.train.carry``)."""
+    if not cfg.train.get("carry_state", False):
+        return NO_CARRY
+    return Carry(batch_size=int(cfg.train.batch_size), compute_dtype=cfg.train.compute_dtype)
 
 
 def check_mesh_fits(cfg: ml_collections.ConfigDict, mesh) -> None:
@@ -223,6 +241,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     from titans_lm.train.run_files import check_run_data, write_run_config, write_run_data
 
     check_train_config(cfg)
+    cfg = carry_config(cfg)
     workdir = Path(workdir).resolve()
     primary = jax.process_index() == 0
     if not primary:
@@ -242,10 +261,18 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     else:
         data = prepare(cfg.data, splits=("train", "validation"), log=log if primary else None)
     fns = model_fns(cfg.model)
+    carry = carry_of(cfg)
     log(f"model {cfg.model.name}: {count_params(fns):,} parameters; mesh "
         f"{dict(mesh.shape)} over {mesh.size} {jax.devices()[0].platform} device(s)")
     tx, schedule = make_optimizer(cfg.optim, tcfg.steps)
-    if task:
+    if carry.batch_size:  # stateful training: each row reads its documents window after window
+        from titans_lm.data.stream_pipeline import StreamIterator
+        it = StreamIterator(data.stores["train"], seq_len=T, batch_size=tcfg.batch_size,
+                            seed=cfg.data.shuffle_seed, doc_align=cfg.data.doc_align,
+                            shard_index=jax.process_index(), shard_count=jax.process_count())
+        log(f"carry_state: each of the {tcfg.batch_size} rows streams whole documents, the model "
+            f"state carried from step to step (gradient stopped at window boundaries)")
+    elif task:
         it = data.train_iterator(seq_len=T, batch_size=tcfg.batch_size, seed=cfg.data.shuffle_seed,
                                  shard_index=jax.process_index(), shard_count=jax.process_count())
     else:
@@ -268,11 +295,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
                 write_run_data(workdir, data, cfg.data.corpus)
             write_run_config(workdir, cfg)
         if latest is not None:
-            state, it_state, latest = resume_state(ckpt, cfg, abstract_state(fns, tx, mesh),
+            state, it_state, latest = resume_state(ckpt, cfg, abstract_state(fns, tx, mesh, carry),
                                                    bad_checkpoint, log)
             it.set_state(it_state)
         else:
-            state = init_state(cfg.model, fns, tx, mesh, tcfg.seed)
+            state = init_state(cfg.model, fns, tx, mesh, tcfg.seed, carry)
         return _run(cfg, workdir, state, it, ckpt, fns, tx, schedule, mesh, data, stop_at_step,
                     log, progress and primary)
     finally:
@@ -324,7 +351,7 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
            progress: bool) -> TrainResult:
     tcfg = cfg.train
     T = int(cfg.data.seq_len)
-    state_sh = state_shardings(fns, tx, mesh)
+    state_sh = state_shardings(fns, tx, mesh, carry_of(cfg))
     step_fn = jit_train_step(fns, tx, schedule, state_sh, mesh, grad_accum=tcfg.grad_accum,
                              compute_dtype=tcfg.compute_dtype)
     batch_spec = {k: jax.ShapeDtypeStruct((tcfg.batch_size, T + 1), np.int32,

@@ -9,6 +9,7 @@ is rebuilt inside the jitted step with :meth:`ModelFns.apply`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -31,11 +32,15 @@ class TrainState:
       step: int32 scalar, the number of optimiser updates applied so far.
       rng: uint32[2] raw PRNG key, split once per step (for stochastic layers; carried so that a
         resumed run continues the same random stream).
+      model_state: with ``train.carry_state`` the model's carried state
+        (``LanguageModel.init_state(B)`` for the global batch B, then what each step returns;
+        ``titans_lm.train.carry``); None otherwise.
     """
     params: Any
     opt_state: Any
     step: jax.Array
     rng: jax.Array
+    model_state: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +64,22 @@ class ModelFns:
         nnx.replace_by_pure_dict(state, params)
         return nnx.merge(self.graphdef, state, self.rest)
 
-    def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array) -> jax.Array:
-        """``logits_BTV`` (float32) of the model with ``params`` on int32 ``[B, T]`` inputs."""
+    def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array,
+              state: Any = None):
+        """The model with ``params`` on int32 ``[B, T]`` inputs: ``logits_BTV`` (float32; float64
+        for a float64 model), or with a carried ``state`` (see :meth:`init_model_state`) the
+        stateful call's ``(logits_BTV, new_state)``."""
         with nnx.use_eager_sharding(False):
-            return self.module(params)(tokens_BT, segment_ids_BT).astype(jnp.float32)
+            out = self.module(params)(tokens_BT, segment_ids_BT, *(() if state is None else (state,)))
+        logits, new_state = (out, None) if state is None else out
+        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+        return logits if state is None else (logits, new_state)
+
+    def init_model_state(self, params: Any, batch_size: int) -> Any:
+        """``model.init_state(batch_size)`` of the model with ``params``: the state a stream of
+        ``batch_size`` rows starts from (``titans_lm.models.lm.LanguageModel.init_state``)."""
+        with nnx.use_eager_sharding(False):
+            return self.module(params).init_state(int(batch_size))
 
     def abstract_params(self) -> Any:
         """Pure-dict tree of ``ShapeDtypeStruct`` for the parameters."""
@@ -110,37 +127,74 @@ def _opt_state_shardings(abstract_opt_state: Any, abstract_params: Any, param_sh
     return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
 
 
-def state_shardings(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+@dataclasses.dataclass(frozen=True)
+class Carry:
+    """How the train state carries the model state (``train.carry_state``; ``titans_lm.train.carry``).
+
+    Attributes:
+      batch_size: global batch rows B (0: no carried state, ``TrainState.model_state`` is None).
+      compute_dtype: the dtype the parameters are cast to for the forward pass ("float32" or
+        "bfloat16"); the carried state is built with the parameters in that dtype.
+    """
+    batch_size: int = 0
+    compute_dtype: str = "float32"
+
+    def init_fn(self, fns: ModelFns):
+        """``params -> model.init_state(B)`` with the parameters cast to the compute dtype."""
+        from titans_lm.train.step import cast_floats  # the step module imports this one
+        dtype = jnp.dtype(self.compute_dtype)
+        return lambda params, b=self.batch_size: fns.init_model_state(cast_floats(params, dtype), b)
+
+
+NO_CARRY = Carry()
+
+
+def state_shardings(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh,
+                    carry: Carry = NO_CARRY) -> TrainState:
     """A ``TrainState`` of ``NamedSharding``: parameters by the logical-axis table, optimiser
-    moments like their parameters, step and rng replicated."""
+    moments like their parameters, step and rng replicated, a carried model state like the batch
+    (``titans_lm.train.carry.model_state_shardings``)."""
+    from titans_lm.train.carry import model_state_shardings
     abs_params = fns.abstract_params()
     param_sh = shd.param_shardings(abs_params, fns.logical_axes, mesh)
     abs_opt = jax.eval_shape(tx.init, abs_params)
     rep = shd.replicated(mesh)
+    model_state = None
+    if carry.batch_size:
+        init = carry.init_fn(fns)
+        model_state = model_state_shardings(
+            lambda b: jax.eval_shape(functools.partial(init, b=b), abs_params), carry.batch_size,
+            mesh)
     return TrainState(params=param_sh,
                       opt_state=_opt_state_shardings(abs_opt, abs_params, param_sh, mesh),
-                      step=rep, rng=rep)
+                      step=rep, rng=rep, model_state=model_state)
 
 
-def abstract_state(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+def abstract_state(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh,
+                   carry: Carry = NO_CARRY) -> TrainState:
     """``TrainState`` of ``ShapeDtypeStruct`` carrying the target shardings (a restore target)."""
     abs_params = fns.abstract_params()
+    model_state = (jax.eval_shape(carry.init_fn(fns), abs_params) if carry.batch_size else None)
     shapes = TrainState(params=abs_params, opt_state=jax.eval_shape(tx.init, abs_params),
                         step=jax.ShapeDtypeStruct((), jnp.int32),
-                        rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+                        rng=jax.ShapeDtypeStruct((2,), jnp.uint32), model_state=model_state)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        shapes, state_shardings(fns, tx, mesh))
+                        shapes, state_shardings(fns, tx, mesh, carry))
 
 
 def init_state(model_cfg: ml_collections.ConfigDict, fns: ModelFns,
-               tx: optax.GradientTransformation, mesh: Mesh, seed: int) -> TrainState:
-    """Fresh state from ``seed``, created directly in its shardings (one jitted init).
+               tx: optax.GradientTransformation, mesh: Mesh, seed: int,
+               carry: Carry = NO_CARRY) -> TrainState:
+    """Fresh state from ``seed``, created directly in its shardings (one jitted init); with
+    ``carry`` the model state a stream of ``carry.batch_size`` rows starts from.
 
     Parameter values depend on ``seed`` only, not on the mesh (JAX's partitionable threefry).
     """
     def init() -> TrainState:
         params = nnx.to_pure_dict(nnx.split(_build(model_cfg, seed), nnx.Param, ...)[1])
         key = jax.random.fold_in(jax.random.key(seed), 1)  # distinct from the init stream
+        model_state = carry.init_fn(fns)(params) if carry.batch_size else None
         return TrainState(params=params, opt_state=tx.init(params),
-                          step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(key))
-    return jax.jit(init, out_shardings=state_shardings(fns, tx, mesh))()
+                          step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(key),
+                          model_state=model_state)
+    return jax.jit(init, out_shardings=state_shardings(fns, tx, mesh, carry))()

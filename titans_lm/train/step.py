@@ -50,14 +50,16 @@ def split_batch(batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array, jax.Arra
 
 def loss_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array
               ) -> tuple[jax.Array, jax.Array]:
-    """``(sum of weighted nll in nats, sum of weights)``, both float32 scalars."""
-    nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32),
-                                                             targets_BT)
-    w = weights_BT.astype(jnp.float32)
+    """``(sum of weighted nll in nats, sum of weights)``, both float32 scalars (float64 for
+    float64 logits)."""
+    dt = jnp.promote_types(logits_BTV.dtype, jnp.float32)
+    nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(dt), targets_BT)
+    w = weights_BT.astype(dt)
     return jnp.sum(nll_BT * w), jnp.sum(w)
 
 
-def _cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
+def cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
+    """``tree`` with its floating-point leaves cast to ``dtype`` (integer leaves unchanged)."""
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                         tree)
 
@@ -65,17 +67,42 @@ def _cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
 def _nll_sum(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype
              ) -> tuple[jax.Array, jax.Array]:
     inputs, targets, seg_in, weights = split_batch(batch)
-    logits = fns.apply(_cast_floats(params, compute_dtype), inputs, seg_in)
+    logits = fns.apply(cast_floats(params, compute_dtype), inputs, seg_in)
     return loss_sums(logits, targets, weights)
 
 
-def _nll_sum_and_stats(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype):
-    """``(nll_sum, (n_tokens, memory stats))``: the memory layers' state norms
-    (``titans_lm.memory.stats``) ride along as auxiliary outputs."""
+def carried_nll_sum(params: Any, model_state: Any, batch: Batch, fns: ModelFns,
+                    compute_dtype: jnp.dtype) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+    """``(nll_sum, (n_tokens, new_model_state))`` of one window batch run from a carried state
+    (stateful training, ``titans_lm.train.carry``).
+
+    The incoming ``model_state`` is a constant (gradient stopped at the window boundary) except
+    for its parameter-derived parts, rebuilt from ``params`` (:func:`titans_lm.train.carry.refresh`);
+    the new state has the incoming state's dtypes.
+    """
+    from titans_lm.train.carry import cast_like, refresh
+    inputs, targets, seg_in, weights = split_batch(batch)
+    p = cast_floats(params, compute_dtype)
+    fresh = fns.init_model_state(p, inputs.shape[0])
+    state_in = refresh(jax.lax.stop_gradient(model_state), fresh)
+    logits, state_out = fns.apply(p, inputs, seg_in, state_in)
+    nll, n = loss_sums(logits, targets, weights)
+    return nll, (n, jax.lax.stop_gradient(cast_like(state_out, model_state)))
+
+
+def _nll_sum_and_stats(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype,
+                       model_state: Any = None):
+    """``(nll_sum, (n_tokens, memory stats, new model state))``: the memory layers' state norms
+    (``titans_lm.memory.stats``) ride along as auxiliary outputs, and with a carried
+    ``model_state`` the state after this batch (else None)."""
     from titans_lm.memory import stats as memory_stats
     with memory_stats.collect() as st:
-        nll, n = _nll_sum(params, batch, fns, compute_dtype)
-    return nll, (n, st.as_metrics())
+        if model_state is None:
+            nll, n = _nll_sum(params, batch, fns, compute_dtype)
+            new_state = None
+        else:
+            nll, (n, new_state) = carried_nll_sum(params, model_state, batch, fns, compute_dtype)
+    return nll, (n, st.as_metrics(), new_state)
 
 
 def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
@@ -85,7 +112,9 @@ def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
     """One optimiser update on a global batch.
 
     Args:
-      state: the current :class:`TrainState` (donated by the jitted form).
+      state: the current :class:`TrainState` (donated by the jitted form). With a carried
+        ``state.model_state`` (``train.carry_state``) the batch is run from it and the state it
+        leaves is the new state's (truncated backprop through time, ``titans_lm.train.carry``).
       batch: ``{"tokens", "segment_ids"}`` int32 ``[B, T+1]``.
       fns: the model (:func:`titans_lm.train.state.model_fns`).
       tx, schedule: from :func:`titans_lm.train.optimizer.make_optimizer`.
@@ -104,8 +133,12 @@ def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
     dtype = jnp.dtype(compute_dtype)
     grad_fn = jax.value_and_grad(_nll_sum_and_stats, has_aux=True)
 
+    model_state = state.model_state
+    if model_state is not None and grad_accum != 1:
+        raise ValueError("a carried model state (train.carry_state) needs grad_accum=1")
     if grad_accum == 1:
-        (nll, (n_tok, mem)), grads = grad_fn(state.params, batch, fns, dtype)
+        (nll, (n_tok, mem, model_state)), grads = grad_fn(state.params, batch, fns, dtype,
+                                                          model_state)
     else:
         def to_micro(x):
             x = x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1)
@@ -114,7 +147,7 @@ def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
 
         def body(carry, mb):
             nll_acc, n_acc, g_acc = carry
-            (nll_i, (n_i, mem_i)), g_i = grad_fn(state.params, mb, fns, dtype)
+            (nll_i, (n_i, mem_i, _)), g_i = grad_fn(state.params, mb, fns, dtype)
             return (nll_acc + nll_i, n_acc + n_i, jax.tree.map(jnp.add, g_acc, g_i)), mem_i
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -128,7 +161,8 @@ def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
     rng, _ = jax.random.split(state.rng)
     metrics = {"loss": nll / denom, "grad_norm": optax.tree.norm(grads),
                "lr": jnp.asarray(schedule(state.step), jnp.float32), "tokens": n_tok, **mem}
-    return TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng), metrics
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng,
+                      model_state=model_state), metrics
 
 
 def eval_step(params: Any, batch: Batch, *, fns: ModelFns) -> tuple[jax.Array, jax.Array]:
