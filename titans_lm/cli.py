@@ -41,7 +41,8 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run directory (checkpoints, metrics.jsonl, tb/, eval_*.json). "
     "Default for train: runs/<config name>-<size>.")
 _EVAL_AFTER = flags.DEFINE_boolean(
-    "eval_after", True, "train: evaluate held-out perplexity when training completes.")
+    "eval_after", True, "train: evaluate held-out perplexity when training completes (with "
+    "train.carry_state: in both contexts, reset and carry).")
 _SPLIT = flags.DEFINE_enum("split", "test", ["test", "validation"],
                            "eval: held-out split of the training corpus.")
 _TEXT = flags.DEFINE_string("text", None, "eval: score this UTF-8 text file instead.")
@@ -202,7 +203,9 @@ def _train(argv) -> int:
         _PHASE["now"] = (f"the final evaluation; training is complete and its checkpoint (step "
                          f"{result.step}) is saved: run `titans-lm eval --workdir={workdir}` to "
                          f"evaluate it")
-        evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value)
+        # A run trained with the state carried is scored both ways: its point is the carry mode.
+        context = "both" if cfg.train.get("carry_state", False) else "reset"
+        evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value, context=context)
     return 0
 
 
