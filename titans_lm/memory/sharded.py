@@ -183,6 +183,10 @@ def run_engine(fn: Callable, operands: Sequence, *, impl: str, batch: int, heads
     i = [n for n, _ in ENGINE_OPERANDS].index("state_length")
     if operands[i] is not None:   # an operand of shard_map must be an array
         operands[i] = jnp.asarray(operands[i], jnp.int32)
+    # check_vma=False: pallas_call's outputs carry no varying-axes type (Pallas asks for
+    # manual_axis_type on every out_shape under check_vma=True). The specs are exact for every
+    # output, and an operand left whole along an axis (the fallback) gets its cotangent summed
+    # over that axis by shard_map's transpose as usual; the tests check those gradients.
     mapped = jax.shard_map(fn, mesh=plan.mesh, in_specs=layout_specs(plan, ENGINE_OPERANDS),
                            out_specs=layout_specs(plan, ENGINE_RESULTS), check_vma=False)
     return mapped(*operands)
