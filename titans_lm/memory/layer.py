@@ -322,6 +322,11 @@ class NeuralMemory(nnx.Module):
              read: Optional[str] = None, reset_to: Optional[tuple] = None, state_length=None):
         """Write every token into the memory and read every query (vmapped engine).
 
+        A kernel engine (``impl="pallas"``, or ``"auto"`` on GPU/TPU) runs per shard of JAX's
+        current mesh (``jax.shard_map`` over the batch rows and heads, no communication;
+        :mod:`titans_lm.memory.sharded`); without a mesh, and for the other engines, the engine
+        is called directly.
+
         Args:
           state: (params, momentum) with leading [B, H] (e.g. initial_state(B) or a carried one).
           q, k, v: [B, H, T, Dh]; theta, eta, alpha: [B, H, T]; reset: bool [B, T] or None.
