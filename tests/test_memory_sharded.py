@@ -29,7 +29,8 @@ from titans_lm.train.step import _nll_sum, jit_train_step
 
 # Tiny programs: skip LLVM's expensive optimisations, compile time dominates these tests.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
-MESHES = {"2x2x2": {"data": 2, "fsdp": 2, "tensor": 2}, "data8": {"data": 8, "fsdp": 1, "tensor": 1},
+MESHES = {"2x2x2": {"data": 2, "fsdp": 2, "tensor": 2},
+          "data8": {"data": 8, "fsdp": 1, "tensor": 1},
           "2x1x4": {"data": 2, "fsdp": 1, "tensor": 4}}
 
 
@@ -169,7 +170,8 @@ def _loss_and_grads(impl, mesh, batch):
                                                                       jnp.float32)
         return nll / n, jax.tree.map(lambda g: g / n, grads)
 
-    jf = jax.jit(shd.traced_under(mesh, f), in_shardings=(state_sh.params, shd.batch_sharding(mesh)),
+    jf = jax.jit(shd.traced_under(mesh, f),
+                 in_shardings=(state_sh.params, shd.batch_sharding(mesh)),
                  compiler_options=FAST_COMPILE)
     out = jf(state.params, shd.put_batch(batch, mesh))
     return jax.device_get(out), fns, tx, state, state_sh

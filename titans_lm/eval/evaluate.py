@@ -89,7 +89,8 @@ def make_score_fn(fns: ModelFns, params_sh: Any, mesh) -> Callable:
         logits = fns.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1])
         return score_batch(logits, batch)
     rep = shd.replicated(mesh)
-    return jax.jit(shd.traced_under(mesh, score), in_shardings=(params_sh, shd.batch_sharding(mesh)),
+    return jax.jit(shd.traced_under(mesh, score),
+                   in_shardings=(params_sh, shd.batch_sharding(mesh)),
                    out_shardings=(rep, rep))
 
 
