@@ -83,12 +83,14 @@ def unigram_totals(docs_tokens: Sequence[np.ndarray], texts: Sequence[str],
 
 
 def make_score_fn(fns: ModelFns, params_sh: Any, mesh) -> Callable:
-    """Jitted ``(params, batch) -> (nll_sum, n_tokens)`` via :func:`score_batch`."""
+    """Jitted ``(params, batch) -> (nll_sum, n_tokens)`` via :func:`score_batch` (traced under
+    ``mesh``, so the memory layers' Pallas kernels run per shard: ``shd.traced_under``)."""
     def score(params, batch):
         logits = fns.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1])
         return score_batch(logits, batch)
     rep = shd.replicated(mesh)
-    return jax.jit(score, in_shardings=(params_sh, shd.batch_sharding(mesh)),
+    return jax.jit(shd.traced_under(mesh, score),
+                   in_shardings=(params_sh, shd.batch_sharding(mesh)),
                    out_shardings=(rep, rep))
 
 

@@ -99,7 +99,10 @@ class MemoryConfig:
         theta_max * surprise_max_norm / (1 - eta_max) whatever the memory's curvature (which
         grows with memory_depth). Cost: one norm per token from the factors the engine already
         has (scripts/memory_guard_cost.py). Engines "chunked" and "reference" only.
-      impl: engine implementation ("chunked", "reference", or a registered one).
+      impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
+        one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
+        heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
+        mesh.tensor, or the heads run whole on each tensor device (a warning says so).
       chunks_per_checkpoint: chunks per rematerialisation group of the chunked engine.
       dtype: compute dtype of the projections ("float32" | "bfloat16" | "float64"); the inner
         loop always runs in float32 or wider.

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from titans_lm.memory import gates as gate_fns
+from titans_lm.memory import sharded
 from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.scan import check_resets, memory_read, memory_scan
@@ -321,6 +322,11 @@ class NeuralMemory(nnx.Module):
              read: Optional[str] = None, reset_to: Optional[tuple] = None, state_length=None):
         """Write every token into the memory and read every query (vmapped engine).
 
+        A kernel engine (``impl="pallas"``, or ``"auto"`` on GPU/TPU) runs per shard of JAX's
+        current mesh (``jax.shard_map`` over the batch rows and heads, no communication;
+        :mod:`titans_lm.memory.sharded`); without a mesh, and for the other engines, the engine
+        is called directly.
+
         Args:
           state: (params, momentum) with leading [B, H] (e.g. initial_state(B) or a carried one).
           q, k, v: [B, H, T, Dh]; theta, eta, alpha: [B, H, T]; reset: bool [B, T] or None.
@@ -347,25 +353,28 @@ class NeuralMemory(nnx.Module):
         options = {"chunks_per_checkpoint": cfg.chunks_per_checkpoint} if cfg.impl == "chunked" else {}
         if cfg.read_running_mean:
             options["running_mean"] = True
-        if state_length is not None:
-            options["state_length"] = state_length
         if cfg.surprise_max_norm > 0:
             options["surprise_max_norm"] = cfg.surprise_max_norm
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
-        def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk):
+        def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl):
             kw = {} if lk is None else {"log_keep": lk}
+            if sl is not None:
+                kw["state_length"] = sl
             return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0, **kw)
 
-        over_heads = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0, 0))
-        over_batch = jax.vmap(over_heads)
+        over_heads = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0, 0, None))
+        over_batch = jax.vmap(over_heads, in_axes=(0,) * 11 + (None,))
         idt = self.inner_dtype
         cast = lambda xs: tuple(x.astype(idt) for x in xs)  # noqa: E731
-        reads, (P, S) = over_batch(cast(params), cast(momentum), k.astype(idt), v.astype(idt),
-                                   q.astype(idt), theta.astype(idt), eta.astype(idt),
-                                   alpha.astype(idt), reset, cast(reset_to),
-                                   None if log_keep is None else log_keep.astype(idt))
+        # Kernel engines run per shard of the current mesh (titans_lm.memory.sharded).
+        reads, (P, S) = sharded.run_engine(
+            over_batch, (cast(params), cast(momentum), k.astype(idt), v.astype(idt),
+                         q.astype(idt), theta.astype(idt), eta.astype(idt), alpha.astype(idt),
+                         reset, cast(reset_to), None if log_keep is None else log_keep.astype(idt),
+                         state_length),
+            impl=cfg.impl, batch=B, heads=cfg.n_heads)
         memory_stats.record_state(self, P, self.initial_params())
         return reads, (P, S)
 

@@ -21,6 +21,9 @@ kernel: forward + backward gains only the forward pass's share of the time.
 Problems outside the kernels' shapes (:mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log
 the reason once. A call with ``state_length`` (a carried memory's continued call) runs ``chunked``
 as well: the kernel returns the state after the last token only. ``auto_scan`` (``impl="auto"``) is ``pallas`` on GPU and TPU, ``chunked`` on CPU.
+
+Under a device mesh the layer calls these per shard (:mod:`titans_lm.memory.sharded`): one
+``pallas_call`` sees only its device's batch rows and heads.
 """
 
 from __future__ import annotations

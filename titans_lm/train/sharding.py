@@ -19,9 +19,10 @@ parameter whose annotation does not match its rank is replicated whole.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -174,6 +175,22 @@ def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arra
     sharding = batch_sharding(mesh)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
             for k, v in batch.items()}
+
+
+def traced_under(mesh: Mesh, fn: Callable) -> Callable:
+    """``fn`` traced with ``mesh`` as JAX's current abstract mesh.
+
+    ``jax.jit`` with in/out shardings does not set a mesh context, so code inside the step that
+    asks for the mesh (``jax.sharding.get_abstract_mesh()``; the memory layer does, to run its
+    Pallas kernels per shard, ``titans_lm.memory.sharded``) would see none. Wrap a step function
+    with this before jitting it: tracing then happens under
+    ``jax.sharding.use_abstract_mesh(mesh.abstract_mesh)``, allowed inside ``jax.jit``.
+    """
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args, **kwargs)
+    return wrapped
 
 
 def maybe_initialize_distributed() -> bool:

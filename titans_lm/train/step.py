@@ -174,17 +174,20 @@ def jit_train_step(fns: ModelFns, tx: optax.GradientTransformation, schedule: op
                    state_sh: TrainState, mesh: Mesh, *, grad_accum: int = 1,
                    compute_dtype: str = "float32") -> Callable:
     """``train_step`` bound to its static arguments and jitted with shardings; the state is
-    donated (its buffers are reused for the new state)."""
+    donated (its buffers are reused for the new state). The step is traced under ``mesh``
+    (:func:`titans_lm.train.sharding.traced_under`), so the memory layers' Pallas kernels run
+    per shard."""
     fn = functools.partial(train_step, fns=fns, tx=tx, schedule=schedule, grad_accum=grad_accum,
                            compute_dtype=compute_dtype,
                            micro_sharding=NamedSharding(mesh, P(None, shd.BATCH_AXES)))
     rep = shd.replicated(mesh)
-    return jax.jit(fn, in_shardings=(state_sh, shd.batch_sharding(mesh)),
+    return jax.jit(shd.traced_under(mesh, fn), in_shardings=(state_sh, shd.batch_sharding(mesh)),
                    out_shardings=(state_sh, rep), donate_argnums=0)
 
 
 def jit_eval_step(fns: ModelFns, params_sh: Any, mesh: Mesh) -> Callable:
-    """``eval_step`` jitted with the parameters' shardings and a data-sharded batch."""
+    """``eval_step`` jitted with the parameters' shardings and a data-sharded batch (traced
+    under ``mesh``, as :func:`jit_train_step`)."""
     rep = shd.replicated(mesh)
-    return jax.jit(functools.partial(eval_step, fns=fns),
+    return jax.jit(shd.traced_under(mesh, functools.partial(eval_step, fns=fns)),
                    in_shardings=(params_sh, shd.batch_sharding(mesh)), out_shardings=(rep, rep))
