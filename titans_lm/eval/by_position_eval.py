@@ -244,7 +244,13 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
     happens), token counts and mean losses (nats) before / after ``P'`` of both runs,
     ``loss_increase`` (ablated - unablated mean after ``P'``), ``loss_increase_first_window``
     (the same over ``[P', P' + T)``, the window right after the reset) and
-    ``max_abs_diff_before`` (0 when the positions before ``P'`` are untouched, as they must be).
+    ``max_abs_diff_before`` (0 when the positions before ``P'`` are untouched, as they must be;
+    NaN where a loss before ``P'`` is not finite), ``n_nonfinite`` / ``n_nonfinite_ablated``
+    (losses that are NaN or inf in each run: a memory whose inner loop diverged, whose means are
+    then not finite either).
+
+    Raises:
+      ValueError: the two runs scored different tokens, or ``ablate_at < 1``.
     """
     p = ablation_window(ablate_at, seq_len) * int(seq_len)
     (lb, pb), (la, pa) = base, ablated
@@ -261,6 +267,8 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
            "loss_after": mean(lb[after]), "loss_after_ablated": mean(la[after]),
            "max_abs_diff_before": float(np.max(np.abs(lb[~after] - la[~after])))
            if (~after).any() else 0.0}
+    out["n_nonfinite"] = int((~np.isfinite(lb)).sum())
+    out["n_nonfinite_ablated"] = int((~np.isfinite(la)).sum())
     out["loss_increase"] = (out["loss_after_ablated"] - out["loss_after"]
                             if after.any() else None)
     first = after & (pb < p + int(seq_len))  # the window right after the reset
@@ -397,7 +405,10 @@ def format_ablation(s: dict[str, Any]) -> str:
             f"(increase {f(s['loss_increase'])}) over {s['n_tokens_after']:,} tokens, "
             f"{f(s.get('loss_increase_first_window'))} in the window after it; before: "
             f"{f(s['loss_before'])} vs {f(s['loss_before_ablated'])} "
-            f"(max difference {s['max_abs_diff_before']:.2e})")
+            f"(max difference {s['max_abs_diff_before']:.2e})"
+            + (f"; non-finite losses: {s['n_nonfinite']:,} unablated, "
+               f"{s['n_nonfinite_ablated']:,} ablated (the memory diverged?)"
+               if s.get("n_nonfinite") or s.get("n_nonfinite_ablated") else ""))
 
 
 __all__ = ["ablate_memory", "ablation_summary", "ablation_window", "carry_losses",
