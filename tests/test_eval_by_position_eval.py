@@ -13,12 +13,14 @@ from _documents import random_docs
 from _tiny_run import REPO, tiny_config
 from titans_lm.eval.by_position import loss_by_position
 from titans_lm.eval.by_position_eval import (ablate_memory, ablation_summary, carry_losses,
-                                             evaluate_by_position, make_position_step,
-                                             make_reset_losses_fn, reset_losses,
+                                             evaluate_by_position, format_ablation,
+                                             make_position_step, make_reset_losses_fn, reset_losses,
                                              stream_position_batches, token_losses)
 from titans_lm.eval.evaluate import make_score_fn, score_documents
 from titans_lm.eval.perplexity import score_batch
 from titans_lm.eval.streaming import StatefulLM, make_carry_step, score_documents_carry
+from titans_lm.memory.layer import MemoryState
+from titans_lm.models.mac import MACState
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import _build, model_fns
 
@@ -49,7 +51,9 @@ def _model(name, **changes):
     if "memory" in m:
         m.memory.head_dim = 16
         m.memory.chunk_size = 8
-        m.memory.theta_max = 0.5  # a memory that writes enough to matter
+        # a memory that writes enough to matter and stays in its stable range: at theta_max 0.5
+        # the MLP memories' weights grew past 1e20 within 3 windows, and MAG's reads overflowed
+        m.memory.theta_max = 0.05
     if "window" in m and name != "transformer":
         m.window = 8
     for k, v in changes.items():
@@ -115,17 +119,21 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
     np.testing.assert_allclose(rl.sum(), reset.nll_nats, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name,ablate_at,where", [
-    ("lmm", T, T), ("lmm", T + 3, 2 * T),
-    pytest.param("ttt_linear", T, T, marks=pytest.mark.slow)])
-def test_ablation_changes_only_positions_from_p(x64, name, ablate_at, where):
-    fns, params = _model(name)
+@pytest.mark.parametrize("name,changes,ablate_at,where", [
+    ("lmm", {}, T, T), ("lmm", {}, T + 3, 2 * T), ("mag", {}, T + 3, 2 * T), ("mal", {}, T, T),
+    pytest.param("mac", {"segment_len": T}, T + 3, 2 * T, marks=pytest.mark.slow),
+    # segments of 24: the reset at 32 falls inside the second segment (buffer of 8 kept)
+    ("mac", {"segment_len": 3 * T // 2}, 2 * T, 2 * T),
+    pytest.param("ttt_linear", {}, T, T, marks=pytest.mark.slow)])
+def test_ablation_changes_only_positions_from_p(x64, name, changes, ablate_at, where):
+    fns, params = _model(name, **changes)
     docs = _docs([3 * T + 1, 2 * T + 5, 5], seed=3)
     step = make_position_step(StatefulLM(fns))
     kw = dict(seq_len=T, batch_size=2, mesh=_mesh())
     base = carry_losses(*step, params, docs, **kw)
     abl = carry_losses(*step, params, docs, ablate_at=ablate_at, **kw)
     np.testing.assert_array_equal(base[1], abl[1])
+    assert np.isfinite(base[0]).all() and np.isfinite(abl[0]).all()
     before = base[1] < where
     np.testing.assert_array_equal(abl[0][before], base[0][before])  # exactly unchanged
     diff = np.abs(abl[0] - base[0])[~before]
@@ -138,6 +146,49 @@ def test_ablation_changes_only_positions_from_p(x64, name, ablate_at, where):
                                abl[0][first].mean() - base[0][first].mean())
     np.testing.assert_allclose(s["loss_increase"],
                                abl[0][~before].mean() - base[0][~before].mean())
+
+
+def test_ablation_summary_counts_nonfinite_losses():
+    pos = np.array([0, 5, 16, 20, 0, 17])
+    base = (np.array([1.0, 2.0, np.nan, 3.0, 1.0, 2.0]), pos)
+    abl = (np.array([1.0, 2.0, np.inf, np.nan, 1.0, 4.0]), pos)
+    s = ablation_summary(base, abl, 16, T)
+    assert (s["n_nonfinite"], s["n_nonfinite_ablated"]) == (1, 2)
+    assert s["max_abs_diff_before"] == 0.0 and not np.isfinite(s["loss_after"])
+    assert "non-finite losses: 1 unablated, 2 ablated" in format_ablation(s)
+    ok = ablation_summary((np.ones(6), pos), (np.ones(6), pos), 16, T)
+    assert (ok["n_nonfinite"], ok["n_nonfinite_ablated"]) == (0, 0)
+    assert "non-finite" not in format_ablation(ok)
+
+
+@pytest.mark.parametrize("name", ["lmm", "mag", "mac"])
+def test_fixture_memories_stay_in_their_stable_range(x64, name):
+    """The models above write into their memories (theta_max 0.05) without diverging: at 0.5
+    the weights of every memory grew past 1e20 in 3 windows and MAG's reads overflowed to NaN
+    (an unablated stream that the ablation test compared against)."""
+    fns, params = _model(name, **({"segment_len": T} if name == "mac" else {}))
+    init, step = make_position_step(StatefulLM(fns))
+    state = init(params, 2)
+    w0 = _memory_params(state)
+    assert len(w0) == 2 * 2  # two layers of two weight matrices
+    for batch, _, _ in stream_position_batches(_docs([3 * T + 1, 2 * T + 5], seed=3),
+                                               seq_len=T, n_rows=2):
+        nll, _, state = step(params, state, {k: jnp.asarray(v) for k, v in batch.items()})
+        assert np.isfinite(np.asarray(nll)).all()
+        for p, p0 in zip(_memory_params(state), w0):
+            assert np.abs(p).max() < 10 * max(np.abs(p0).max(), 1.0)
+    assert any(np.abs(p - p0).max() > 1e-3 for p, p0 in zip(_memory_params(state), w0))
+
+
+def _memory_nodes(state, kind):
+    return [n for n in jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, kind))
+            if isinstance(n, kind)]
+
+
+def _memory_params(state):
+    """Every neural memory's weight arrays in a model state (numpy; MAC's at its segment start)."""
+    return ([np.asarray(p) for n in _memory_nodes(state, MemoryState) for p in n.params]
+            + [np.asarray(p) for n in _memory_nodes(state, MACState) for p in n.memory[0]])
 
 
 def test_ablate_memory_resets_selected_rows_and_refuses_models_without_memory(x64):
@@ -166,6 +217,40 @@ def test_ablate_memory_resets_selected_rows_and_refuses_models_without_memory(x6
     tstate = StatefulLM(tfns).init_state(tparams, 2)
     with pytest.raises(ValueError, match="neural memory"):
         ablate_memory(tstate, jnp.array([True, False]))
+
+
+def test_ablate_memory_resets_mac_memory_to_w0_and_keeps_its_segment(x64):
+    fns, params = _model("mac", segment_len=8)
+    lm = StatefulLM(fns)
+    docs = _docs([2 * T + 1, 2 * T + 1], seed=4)
+    batch = next(stream_position_batches(docs, seq_len=T, n_rows=2))[0]
+    state = lm.init_state(params, 2)
+    # 12 tokens: one segment of 8 written into the memory, 4 in the segment buffer
+    _, state = lm.apply(params, jnp.asarray(batch["tokens"][:, :12]),
+                        jnp.asarray(batch["segment_ids"][:, :12]), state)
+    initial = lm.init_state(params, 2)
+    out = ablate_memory(state, jnp.array([False, True]), initial)
+    old, new, init = (_memory_nodes(x, MACState) for x in (state, out, initial))
+    assert len(old) == 2  # one per layer
+    w0 = [np.asarray(w) for w in fns.module(params).blocks[0].mixer.memory.initial_params()]
+    for o, n, i, layer in zip(old, new, init, range(2)):
+        (p, m), (pn, mn), (pi, _) = o.memory, n.memory, i.memory
+        for a, b, c in zip(p, pn, pi):
+            np.testing.assert_array_equal(b[0], a[0])
+            np.testing.assert_array_equal(b[1], c[1])
+            assert np.abs(np.asarray(a[1]) - np.asarray(c[1])).max() > 0  # it had written
+        if layer == 0:  # W0 from the current parameters
+            for b, w in zip(pn, w0):
+                np.testing.assert_array_equal(b[1], w)
+        for a, b in zip(m, mn):
+            np.testing.assert_array_equal(b[0], a[0])
+            assert np.asarray(a[1]).any() and not np.asarray(b[1]).any()
+        assert int(o.segment.n) == 4
+        for a, b in zip(jax.tree.leaves((o.segment, o.retrieval_tail, o.write_tail)),
+                        jax.tree.leaves((n.segment, n.retrieval_tail, n.write_tail))):
+            np.testing.assert_array_equal(a, b)  # segment buffer and conv tails kept
+    with pytest.raises(ValueError, match="initial"):
+        ablate_memory(state, jnp.array([False, True]))
 
 
 @pytest.mark.slow

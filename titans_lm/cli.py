@@ -63,9 +63,9 @@ _BY_POSITION = flags.DEFINE_boolean(
     "(per --context mode; documents streamed to their end): by_position_*.json and a PNG in the "
     "workdir (titans_lm.eval.by_position_eval).")
 _ABLATE_AT = flags.DEFINE_integer(
-    "ablate_at", None, "eval: memory ablation probe: reset every neural memory at the first "
-    "window boundary at or after this position of each document and report the loss increase "
-    "after it against the unablated carry run (ablation_*.json).")
+    "ablate_at", None, "eval: memory ablation probe: reset every neural memory (LMM, TTT, MAG, "
+    "MAL, MAC) at the first window boundary at or after this position of each document and "
+    "report the loss increase after it against the unablated carry run (ablation_*.json).")
 _MAX_TOKENS = flags.DEFINE_integer(
     "max_tokens", 0, "eval --by_position/--ablate_at: score only the first N tokens of each "
     "document (0 = all).")

@@ -22,15 +22,22 @@ draws several runs on one figure.
 Memory ablation (``titans-lm eval --ablate_at=P``, :func:`ablate_memory`): the carry run again,
 but at the first window boundary at or after ``P`` inside each document (``P`` rounded up to a
 multiple of the window ``T``: ``P' = ceil(P / T) * T``), every neural memory of the model is
-reset to the state a document start restores: its weights to ``reset_to`` (W0, or the state the
-persistent tokens leave), its momentum to zero, and the tokens buffered for the current chunk
-are dropped (marked padding, so they are never written). Nothing else changes: attention caches,
-the memory's convolution tail and the stream positions stay, and no document boundary is
-signalled. Positions ``< P'`` are therefore scored exactly as in the unablated run, and the mean
-loss over positions ``>= P'`` against the unablated run's is the loss the memory's content saves
-(``<workdir>/ablation_<dataset>_at<P'>.json``). A model without a neural memory (Transformer++)
-is refused; MAC's memory state (``titans_lm.models.mac.MACState``) does not carry its reset
-state and is refused too.
+reset in that document's row. LMM, TTT and the memories of MAG and MAL
+(``titans_lm.memory.layer.MemoryState``) go to the state a document start restores: weights to
+``reset_to`` (W0, or the state the persistent tokens leave), momentum to zero, and the tokens
+buffered for the current chunk are dropped (marked padding, so they are never written). MAC's
+memory (``titans_lm.models.mac.MACState.memory``, the state at the current segment's start) goes
+to the layer's W0 from the current parameters with zero momentum; its segment buffer is kept, so
+the current segment's tokens before ``P'`` (fewer than ``segment_len``; none when
+``segment_len`` divides ``T``) are retrieved from W0 and written into the reset memory again when
+the next window runs (their outputs were scored before the reset and are not used): the reset
+removes what the segments completed before the one holding ``P'`` wrote (nothing where ``P'``
+falls inside a document's first segment). Nothing else changes: attention caches, segment buffers, the memories'
+convolution tails and the stream positions stay, and no document boundary is signalled.
+Positions ``< P'`` are therefore scored exactly as in the unablated run, and the mean loss over
+positions ``>= P'`` against the unablated run's is the loss the memory's content saves
+(``<workdir>/ablation_<dataset>_at<P'>.json``, with the count of non-finite losses of each run).
+A model without a neural memory (Transformer++) is refused.
 """
 
 from __future__ import annotations
@@ -73,23 +80,44 @@ def token_losses(logits_BTV: jax.Array, batch: dict) -> tuple[jax.Array, jax.Arr
     return jnp.where(weight_BT, nll_BT, 0.0), weight_BT
 
 
-def _is_memory_node(x) -> bool:
+def _memory_types() -> tuple[type, ...]:
     from titans_lm.models.mac import MACState
-    return isinstance(x, (MemoryState, MACState))
+    return MemoryState, MACState
 
 
-def ablate_memory(state: Any, rows_B: jax.Array) -> Any:
+def _is_memory_node(x) -> bool:
+    return isinstance(x, _memory_types())
+
+
+def ablate_memory(state: Any, rows_B: jax.Array, initial: Any = None) -> Any:
     """Reset every neural memory in a model state, in the rows ``rows_B`` (bool [B]).
 
-    Each :class:`~titans_lm.memory.layer.MemoryState` found in ``state`` (any pytree, e.g.
-    ``titans_lm.models.lm.LMState``: LMM, TTT-Linear/MLP, and the memories of MAG and MAL) gets,
-    in the selected rows, ``params = reset_to``, ``momentum = 0`` and its buffered chunk tokens
-    marked as padding (``buf_real = False``: never written). Every other leaf is returned as is.
+    The memories are found by type anywhere in ``state`` (any pytree, e.g.
+    ``titans_lm.models.lm.LMState``):
+
+    * :class:`~titans_lm.memory.layer.MemoryState` (LMM, TTT-Linear/MLP, the memories of MAG and
+      MAL): ``params = reset_to`` (W0, or the state the persistent tokens leave: what a document
+      start restores), ``momentum = 0``, and the tokens buffered for the current chunk are marked
+      padding (``buf_real = False``: never written). The conv tail is kept.
+    * :class:`~titans_lm.models.mac.MACState` (MAC): ``memory``, the (params, momentum) at the
+      current segment's start, becomes ``initial``'s (the layer's W0 from the current parameters,
+      zero momentum). The segment buffer (the current segment's tokens so far, which the next call
+      runs again from that memory) and the conv tails are kept, so those tokens retrieve from W0
+      and are written into the reset memory again (their outputs are not used): what is removed
+      is what the segments completed before the current one wrote.
+
+    Every other leaf (attention caches, stream positions, segment buffers) is returned as is.
     Pure and jit-compatible.
 
+    Args:
+      state: the carried model state (pytree), arrays with leading batch axis B.
+      rows_B: bool [B], the rows to reset.
+      initial: the state a stream starts from, with the same structure as ``state``
+        (``StatefulLM.init_state(params, B)``); read only where a memory state does not carry
+        its reset state (MAC). None is enough for a state without MAC layers.
+
     Raises:
-      ValueError: the state holds no neural memory, or a MAC state (whose reset state is not
-        part of the carried state).
+      ValueError: the state holds no neural memory, or holds a MAC memory and ``initial`` is None.
     """
     from titans_lm.models.mac import MACState
 
@@ -99,10 +127,17 @@ def ablate_memory(state: Any, rows_B: jax.Array) -> Any:
     def sel(new, old):
         return jnp.where(rows_B.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
 
-    def fix(node):
+    def fix(node, init=None):
         if isinstance(node, MACState):
-            raise ValueError("--ablate_at does not support MAC: its memory state does not hold "
-                             "the state a document start restores (use LMM, TTT, MAG or MAL)")
+            if init is None:
+                raise ValueError("ablate_memory: a MAC memory state does not hold the state a "
+                                 "document start restores; pass initial (the model's "
+                                 "init_state for this batch)")
+            found.append(1)
+            (params, momentum), (params0, _) = node.memory, init.memory
+            return node._replace(memory=(
+                tuple(jax.tree.map(sel, params0, params)),
+                tuple(jax.tree.map(lambda m: sel(jnp.zeros_like(m), m), momentum))))
         if not isinstance(node, MemoryState):
             return node
         found.append(1)
@@ -111,10 +146,13 @@ def ablate_memory(state: Any, rows_B: jax.Array) -> Any:
             momentum=jax.tree.map(lambda m: sel(jnp.zeros_like(m), m), node.momentum),
             buf_real=sel(jnp.zeros_like(node.buf_real), node.buf_real))
 
-    out = jax.tree.map(fix, state, is_leaf=_is_memory_node)
+    if initial is None:
+        out = jax.tree.map(fix, state, is_leaf=_is_memory_node)
+    else:
+        out = jax.tree.map(fix, state, initial, is_leaf=_is_memory_node)
     if not found:
-        raise ValueError("--ablate_at needs a model with a neural memory (LMM, TTT, MAG, MAL); "
-                         "this model's state holds none")
+        raise ValueError("--ablate_at needs a model with a neural memory (LMM, TTT, MAG, MAL, "
+                         "MAC); this model's state holds none")
     return out
 
 
@@ -133,10 +171,12 @@ def make_position_step(lm: StatefulLM) -> tuple[Callable, Callable]:
     """``(init_fn, step_fn)``, jitted: ``step_fn(params, state, batch) -> (nll_BT, weight_BT,
     state)`` runs one window batch of :func:`stream_position_batches` from ``state``, first
     resetting the memories of the rows whose ``batch["ablate"]`` (bool [B]) is set
-    (:func:`ablate_memory`; with no row set the state is unchanged)."""
+    (:func:`ablate_memory`, against ``lm.init_state(params, B)``, the initial state from the
+    current parameters; with no row set the state is unchanged)."""
     def step(params, state, batch):
-        if "ablate" in batch:
-            state = ablate_memory(state, batch["ablate"])
+        if "ablate" in batch:  # XLA drops the initial state where no MAC memory reads it
+            initial = lm.init_state(params, batch["tokens"].shape[0])
+            state = ablate_memory(state, batch["ablate"], initial)
         logits, state = lm.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1],
                                  state)
         nll, w = token_losses(logits, batch)
@@ -244,7 +284,13 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
     happens), token counts and mean losses (nats) before / after ``P'`` of both runs,
     ``loss_increase`` (ablated - unablated mean after ``P'``), ``loss_increase_first_window``
     (the same over ``[P', P' + T)``, the window right after the reset) and
-    ``max_abs_diff_before`` (0 when the positions before ``P'`` are untouched, as they must be).
+    ``max_abs_diff_before`` (0 when the positions before ``P'`` are untouched, as they must be;
+    NaN where a loss before ``P'`` is not finite), ``n_nonfinite`` / ``n_nonfinite_ablated``
+    (losses that are NaN or inf in each run: a memory whose inner loop diverged, whose means are
+    then not finite either).
+
+    Raises:
+      ValueError: the two runs scored different tokens, or ``ablate_at < 1``.
     """
     p = ablation_window(ablate_at, seq_len) * int(seq_len)
     (lb, pb), (la, pa) = base, ablated
@@ -261,6 +307,8 @@ def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndar
            "loss_after": mean(lb[after]), "loss_after_ablated": mean(la[after]),
            "max_abs_diff_before": float(np.max(np.abs(lb[~after] - la[~after])))
            if (~after).any() else 0.0}
+    out["n_nonfinite"] = int((~np.isfinite(lb)).sum())
+    out["n_nonfinite_ablated"] = int((~np.isfinite(la)).sum())
     out["loss_increase"] = (out["loss_after_ablated"] - out["loss_after"]
                             if after.any() else None)
     first = after & (pb < p + int(seq_len))  # the window right after the reset
@@ -318,7 +366,7 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     seq_len, bsz = int(cfg.data.seq_len), int(cfg.eval.batch_size)
     lm = StatefulLM(run.fns)
     if ablate_at is not None:  # refuse a model without a memory before any scoring
-        jax.eval_shape(lambda s: ablate_memory(s, jnp.zeros(1, bool)),
+        jax.eval_shape(lambda s: ablate_memory(s, jnp.zeros(1, bool), s),
                        jax.eval_shape(lambda p: lm.init_state(p, 1), run.params))
     if progress:
         print(f"by position: {name}, {len(toks)} document(s), {sum(len(t) - 1 for t in toks):,} "
@@ -397,7 +445,10 @@ def format_ablation(s: dict[str, Any]) -> str:
             f"(increase {f(s['loss_increase'])}) over {s['n_tokens_after']:,} tokens, "
             f"{f(s.get('loss_increase_first_window'))} in the window after it; before: "
             f"{f(s['loss_before'])} vs {f(s['loss_before_ablated'])} "
-            f"(max difference {s['max_abs_diff_before']:.2e})")
+            f"(max difference {s['max_abs_diff_before']:.2e})"
+            + (f"; non-finite losses: {s['n_nonfinite']:,} unablated, "
+               f"{s['n_nonfinite_ablated']:,} ablated (the memory diverged?)"
+               if s.get("n_nonfinite") or s.get("n_nonfinite_ablated") else ""))
 
 
 __all__ = ["ablate_memory", "ablation_summary", "ablation_window", "carry_losses",
