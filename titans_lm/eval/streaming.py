@@ -34,9 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tqdm import tqdm
 
 from titans_lm.config import PAD_ID
@@ -56,20 +54,19 @@ class StatefulLM:
     ``apply(params, tokens_BT, segment_ids_BT, state) -> (logits_BTV, state)`` (float32 logits,
     float64 for a float64 model) rebuild the
     module from ``params`` (a pure dict) and call ``model.init_state`` / ``model(tokens, seg,
-    state)`` (``titans_lm.models.lm.LanguageModel``); both are pure and jit-compatible.
+    state)`` (``titans_lm.models.lm.LanguageModel``) through :meth:`ModelFns.init_model_state`
+    and :meth:`ModelFns.apply` (the calls the carried train step uses); both are pure and
+    jit-compatible.
     """
 
     fns: ModelFns
 
     def init_state(self, params: Any, batch_size: int) -> Any:
-        with nnx.use_eager_sharding(False):
-            return self.fns.module(params).init_state(int(batch_size))
+        return self.fns.init_model_state(params, batch_size)
 
     def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array,
               state: Any) -> tuple[jax.Array, Any]:
-        with nnx.use_eager_sharding(False):
-            logits, state = self.fns.module(params)(tokens_BT, segment_ids_BT, state)
-        return logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), state
+        return self.fns.apply(params, tokens_BT, segment_ids_BT, state)
 
 
 def make_carry_step(lm: StatefulLM) -> tuple[Callable, Callable]:
