@@ -51,16 +51,22 @@ def _config(cache, lmm: bool):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backbone", ["transformer"])
+@pytest.mark.parametrize("backbone", ["transformer", "lmm", "lmm-carry_state"])
 def test_two_processes_of_four_devices_match_one_of_eight(backbone, tmp_path):
+    """lmm-carry_state: stateful training, each process streaming its own rows with their carried
+    state (``train.carry_state``)."""
     from titans_lm.train.loop import train
     cache = tmp_path / "cache"
     args = cli_args(cache, tmp_path / "mp", **STEPS)
-    if backbone == "lmm":
+    lmm = backbone.startswith("lmm")
+    if lmm:
         args = _lmm(args)
+    cfg = _config(cache, lmm)
+    if backbone.endswith("carry_state"):
+        args.append("--config.train.carry_state=true")
+        cfg.train.carry_state = True
     # The single-process reference (8 devices here) first; it also builds the token stores.
-    one = train(_config(cache, backbone == "lmm"), tmp_path / "one", progress=False,
-                log=lambda m: None)
+    one = train(cfg, tmp_path / "one", progress=False, log=lambda m: None)
     code = launch_local.launch(args + ["--noeval_after"], num_processes=2, devices_per_process=4,
                                log_dir=tmp_path / "logs", timeout_s=600)
     assert code == 0, (tmp_path / "logs" / "process_1.log").read_text()[-3000:]
