@@ -46,7 +46,9 @@ backbones (whose smallest paper size is 170m), their ``170m``. ``--chunks`` over
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -120,8 +122,50 @@ class Job:
             self.args[0] = out[0]
 
 
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``"NAME:field=value,field=value"`` (model fields, dotted below ``model``, e.g.
+    ``guard:memory.surprise_max_norm=1.0``) -> ``(NAME, {field: value})``; values are Python
+    literals (a bare word is a string). ``""`` is the configuration as it is.
+
+    Raises:
+      ValueError: a malformed spec.
+    """
+    if not spec:
+        return "", {}
+    name, _, body = spec.partition(":")
+    changes = {}
+    for item in filter(None, body.split(",")):
+        field, eq, value = item.partition("=")
+        if not eq or not field:
+            raise ValueError(f"--variants {spec!r}: expected NAME:field=value[,field=value]")
+        try:
+            changes[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            changes[field] = value
+    return name, changes
+
+
+def apply_changes(model_cfg, changes: dict) -> None:
+    """Set each dotted model field of ``changes`` (from :func:`parse_variant`).
+
+    Raises:
+      ValueError: a field the model config does not have.
+    """
+    for field, value in changes.items():
+        *path, last = field.split(".")
+        node = model_cfg
+        for part in path:
+            node = node[part] if part in node else None
+            if node is None:
+                break
+        if node is None or last not in node:
+            raise ValueError(f"model config has no field {field!r}")
+        node[last] = value
+
+
 def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: int | None,
-          remat: str | None, dtype: str | None, modes: list[str], abstract: bool):
+          remat: str | None, dtype: str | None, modes: list[str], abstract: bool,
+          variant: tuple[str, dict] = ("", {})):
     """Build and compile one configuration. Returns (row, jobs)."""
     from titans_lm.perf.flops import count_flops
     from titans_lm.train import sharding as shd
@@ -139,6 +183,7 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
             m.memory.chunk_size = chunk
             if backbone == "mac" and m.segment_len % chunk:
                 m.segment_len = max(chunk, math.ceil(m.segment_len / chunk) * chunk)
+    apply_changes(m, variant[1])
     if remat:
         m.remat = remat
     if dtype:
@@ -149,7 +194,7 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
            "chunk": int(m.memory.chunk_size) if "memory" in m else None,
            "segment_len": int(m.segment_len) if "segment_len" in m else None,
            "remat": m.get("remat", "none"), "dtype": cfg.train.compute_dtype,
-           "platform": jax.devices()[0].platform}
+           "platform": jax.devices()[0].platform, "variant": variant[0]}
     fc = count_flops(m, T).per_token()
     row["flops_per_token"] = {k: (round(v) if not isinstance(v, dict) else
                                   {p: round(x) for p, x in v.items()}) for k, v in fc.items()}
@@ -278,6 +323,9 @@ def parse(argv):
     p.add_argument("--chunks", nargs="+", type=int, default=[None], help="memory chunk size(s)")
     p.add_argument("--remat", default=None, help="model.remat policy (titans_lm.models.remat)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--variants", nargs="+", default=[""],
+                   help="model-field variants timed side by side, NAME:field=value[,...], e.g. "
+                        "base: guard:memory.surprise_max_norm=1.0 ('' or NAME: = as configured)")
     p.add_argument("--modes", nargs="+", default=["train", "fwd"], choices=["train", "fwd"])
     p.add_argument("--repeats", type=int, default=3, help="round-robin timing rounds")
     p.add_argument("--peak_n", nargs="+", type=int, default=[1024, 2048],
@@ -319,11 +367,11 @@ def main(argv=None) -> int:
         for size in a.sizes:
             for impl in (a.impls if is_mem else [None]):
                 for chunk in (a.chunks if is_mem else [None]):
-                    for T in a.T:
+                    for T, variant in itertools.product(a.T, a.variants):
                         try:
                             row, jobs = setup(backbone, size, T, a.batch, impl=impl, chunk=chunk,
                                               remat=a.remat, dtype=a.dtype, modes=a.modes,
-                                              abstract=a.abstract)
+                                              abstract=a.abstract, variant=parse_variant(variant))
                         except (ValueError, MemoryError) as e:
                             emit({"backbone": backbone, "size": size, "T": T, "chunk": chunk,
                                   "impl": impl, "error": f"{type(e).__name__}: {e}"}, out)
@@ -336,7 +384,7 @@ def main(argv=None) -> int:
                             emit(row, out)
                         rows.append(row)
                         all_jobs.append(jobs)
-                        print(f"# compiled {backbone}:{row['size']} T={T} chunk={row['chunk']}",
+                        print(f"# compiled {backbone}:{row['size']} T={T} chunk={row['chunk']} {row['variant']}",
                               file=sys.stderr, flush=True)
     if a.abstract:
         return 0
