@@ -8,9 +8,11 @@ heads of 64 -> 4 heads, MLP memory of depth 2 with 2x expansion, chunk 16, conv,
 k and v, after-write reads). Its input is random: x [B, T, D] ~ N(0, 1) i.i.d. (seeded), the scale
 of the RMS-normalised stream the LMM's blocks feed their memories; with i.i.d. tokens the keys are
 weakly correlated (SiLU + conv outputs, l2-normalised), so this measures the write of an ordinary
-stream, not the worst case of repeated keys. The layer's parameters are the same for every
+stream, not the worst case of correlated keys; ``--period P`` repeats a random passage of P tokens
+(the same keys and values written again and again). The layer's parameters are the same for every
 setting: a setting changes only config values (theta_max, eta_max, use_momentum) and the forget
-gate's bias parameter (alpha_b), so the engine compiles once per segment shape.
+gate's and the inner learning rate's bias parameters (alpha_b, theta_b), so the engine compiles
+once per segment shape.
 
 Every setting prints one JSON line with, at each position t (tokens seen; multiples of the chunk):
 
@@ -79,11 +81,12 @@ def lmm_memory_config(size: str = "tiny", **overrides) -> MemoryConfig:
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One point of the grid. eta_max 0 means use_momentum=False; theta_max 0 forces theta = 0
-    (no writes; MemoryConfig itself requires theta_max > 0). alpha_bias None keeps the layer's."""
+    (no writes; MemoryConfig itself requires theta_max > 0). A bias None keeps the layer's."""
 
     theta_max: float
     eta_max: float
     alpha_bias: float | None = None
+    theta_bias: float | None = None
 
     def config(self, base: MemoryConfig) -> MemoryConfig:
         changes = {"theta_max": self.theta_max if self.theta_max > 0 else base.theta_max}
@@ -93,6 +96,8 @@ class Setting:
             changes.update(use_momentum=False)
         if self.alpha_bias is not None:
             changes["alpha_bias_init"] = self.alpha_bias
+        if self.theta_bias is not None:
+            changes["theta_bias_init"] = self.theta_bias
         return dataclasses.replace(base, **changes)
 
 
@@ -142,16 +147,19 @@ def probe(layer: NeuralMemory, x_BTD: jax.Array, setting: Setting, positions=POS
     b = cfg.chunk_size
     segments = _segments(positions, T, b)
     old_bias = layer.alpha_b[...] if cfg.use_decay else None
+    old_theta_bias = layer.theta_b[...]
     try:
         layer.cfg = cfg
         if cfg.use_decay:
             layer.alpha_b[...] = jnp.full_like(old_bias, cfg.alpha_bias_init)
+        layer.theta_b[...] = jnp.full_like(old_theta_bias, cfg.theta_bias_init)
         stream, _ = make_stream(jnp.ones((B, T), jnp.int32), fresh_stream_state(B), fresh=True)
         inp, _ = layer.project(x_BTD, stream)
     finally:
         layer.cfg = base_cfg
         if old_bias is not None:
             layer.alpha_b[...] = old_bias
+        layer.theta_b[...] = old_theta_bias
     theta = inp.theta if setting.theta_max > 0 else jnp.zeros_like(inp.theta)
 
     engine = _engine(layer)
@@ -205,9 +213,13 @@ def build_layer(cfg: MemoryConfig, seed: int = 0) -> NeuralMemory:
     return NeuralMemory(cfg, rngs=nnx.Rngs(seed))
 
 
-def random_inputs(B: int, T: int, D: int, seed: int = 0) -> jax.Array:
-    """x [B, T, D] ~ N(0, 1) i.i.d. (unit variance per feature)."""
-    return jax.random.normal(jax.random.key(seed), (B, T, D), jnp.float32)
+def random_inputs(B: int, T: int, D: int, seed: int = 0, period: int = 0) -> jax.Array:
+    """x [B, T, D] ~ N(0, 1) i.i.d. (unit variance per feature); with ``period`` P > 0 the first
+    P tokens repeat (a repeated passage: the same keys and values written again and again)."""
+    if period <= 0:
+        return jax.random.normal(jax.random.key(seed), (B, T, D), jnp.float32)
+    block = jax.random.normal(jax.random.key(seed), (B, period, D), jnp.float32)
+    return jnp.tile(block, (1, -(-T // period), 1))[:, :T]
 
 
 def _floats(text: str) -> list[float]:
@@ -220,26 +232,36 @@ def main(argv=None) -> None:
                    help="comma list (0: theta forced to 0)")
     p.add_argument("--alpha-bias", default="preset,-9,-12",
                    help="comma list of forget-gate bias inits ('preset': the config's)")
+    p.add_argument("--theta-bias", default="preset",
+                   help="comma list of inner-learning-rate bias inits (theta = theta_max * "
+                        "sigmoid(bias) at init; 'preset': the config's)")
     p.add_argument("--eta-max", default="0.9,0", help="comma list (0: use_momentum=False)")
     p.add_argument("--positions", default=",".join(map(str, POSITIONS)))
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--period", type=int, default=0,
+                   help="0: i.i.d. tokens; P > 0: a random passage of P tokens repeated")
     a = p.parse_args(argv)
     positions = tuple(int(s) for s in a.positions.split(","))
     base = lmm_memory_config()
     layer = build_layer(base, a.seed)
-    x = random_inputs(a.batch, a.tokens, base.d_model, a.seed + 1)
+    x = random_inputs(a.batch, a.tokens, base.d_model, a.seed + 1, a.period)
     biases = [base.alpha_bias_init if s.strip() == "preset" else float(s)
               for s in a.alpha_bias.split(",") if s.strip()]
+    theta_biases = [base.theta_bias_init if s.strip() == "preset" else float(s)
+                    for s in a.theta_bias.split(",") if s.strip()]
     for eta_max in _floats(a.eta_max):
         for alpha_bias in biases:
-            for theta_max in _floats(a.theta_max):
-                t0 = time.perf_counter()
-                rec = probe(layer, x, Setting(theta_max, eta_max, alpha_bias), positions)
-                rec.update(inputs="random_normal", batch=a.batch, tokens=a.tokens, seed=a.seed,
-                           seconds=round(time.perf_counter() - t0, 2))
-                print(json.dumps(rec), flush=True)
+            for theta_bias in theta_biases:
+                for theta_max in _floats(a.theta_max):
+                    t0 = time.perf_counter()
+                    setting = Setting(theta_max, eta_max, alpha_bias, theta_bias)
+                    rec = probe(layer, x, setting, positions)
+                    rec.update(inputs="random_normal", period=a.period, batch=a.batch,
+                               tokens=a.tokens, seed=a.seed,
+                               seconds=round(time.perf_counter() - t0, 2))
+                    print(json.dumps(rec), flush=True)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,22 @@ def test_retention_is_the_product_of_constant_forget_gates(eta_max):
     assert layer.cfg.use_momentum and layer.cfg.theta_max == MemoryConfig.theta_max
 
 
+def test_theta_bias_sets_theta_at_init_and_is_put_back():
+    layer, x = _layer()
+    layer.theta_w[...] = jnp.zeros_like(layer.theta_w[...])
+    rec = probe_script.probe(layer, x, probe_script.Setting(1e-3, 0.9, theta_bias=3.0), POSITIONS)
+    assert rec["theta_init"] == pytest.approx(1e-3 / (1 + np.exp(-3.0)), rel=1e-5)
+    assert rec["theta_bias_init"] == 3.0
+    np.testing.assert_array_equal(np.asarray(layer.theta_b[...]), MemoryConfig.theta_bias_init)
+
+
+def test_periodic_inputs_repeat():
+    x = probe_script.random_inputs(1, 40, 8, seed=0, period=16)
+    np.testing.assert_array_equal(np.asarray(x[:, :16]), np.asarray(x[:, 16:32]))
+    np.testing.assert_array_equal(np.asarray(x[:, :8]), np.asarray(x[:, 32:]))
+    assert not np.allclose(np.asarray(x[:, :8]), np.asarray(x[:, 8:16]))
+
+
 def test_cli_prints_one_json_line_per_setting(capsys):
     probe_script.main(["--theta-max", "5e-4,5e-3", "--alpha-bias", "preset", "--eta-max", "0.9,0",
                        "--tokens", "64", "--positions", "16,64", "--batch", "1"])
