@@ -26,6 +26,8 @@ Every setting prints one JSON line with, at each position t (tokens seen; multip
                  scales about as c_t^2).
   direction_change  read_change between the unit vectors f / ||f||: what the layer's output sees,
                  since it RMS-normalises each head's read before the output gate (scale-free).
+  read_norm      mean ||f(q_i; W_t)|| / ||f(q_i; W0)||: the reads' scale (0 once the state
+                 underflows; the change metrics are then null).
   retention      c_t = prod_{s < t} (1 - alpha_s), mean over rows and heads: how much of W0 the
                  forget gate alone leaves after t tokens.
   state_norm     ||W_t||_F / ||W0||_F (all inner parameters together), mean over rows and heads.
@@ -46,6 +48,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -129,9 +132,14 @@ def _norm(params) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(p.reshape(p.shape[:2] + (-1,)) ** 2, axis=-1) for p in params))
 
 
-def _rel(a, b) -> float:
+def _finite(value: float) -> float | None:
+    """None for inf / NaN (a read that underflowed to 0), which JSON cannot hold."""
+    return value if math.isfinite(value) else None
+
+
+def _rel(a, b) -> float | None:
     """mean over every row (batch, head, query) of ||a - b|| / ||b|| along the last axis."""
-    return float(jnp.mean(jnp.linalg.norm(a - b, axis=-1) / jnp.linalg.norm(b, axis=-1)))
+    return _finite(float(jnp.mean(jnp.linalg.norm(a - b, axis=-1) / jnp.linalg.norm(b, axis=-1))))
 
 
 def _unit(r):
@@ -169,7 +177,7 @@ def probe(layer: NeuralMemory, x_BTD: jax.Array, setting: Setting, positions=POS
     norm0 = _norm(w0)
     log_c = jnp.cumsum(inp.log_keep, axis=-1)      # [B, H, T]: log prod_{s <= i} (1 - alpha_s)
     out = {k: {} for k in ("read_change", "write_change", "decay_change", "direction_change",
-                           "retention", "state_norm")}
+                           "read_norm", "retention", "state_norm")}
     for start, end in segments:
         sl = lambda a: a[:, :, start:end]  # noqa: E731
         _, state = engine(state, sl(inp.q), sl(inp.k), sl(inp.v), sl(theta), sl(inp.eta),
@@ -185,6 +193,8 @@ def probe(layer: NeuralMemory, x_BTD: jax.Array, setting: Setting, positions=POS
         out["write_change"][key] = _rel(r_t, r_d)
         out["decay_change"][key] = _rel(r_d, r_0)
         out["direction_change"][key] = _rel(_unit(r_t), _unit(r_0))
+        out["read_norm"][key] = float(jnp.mean(jnp.linalg.norm(r_t, axis=-1)
+                                               / jnp.linalg.norm(r_0, axis=-1)))
         out["retention"][key] = float(jnp.mean(c))
         out["state_norm"][key] = float(jnp.mean(_norm(state[0]) / norm0))
 

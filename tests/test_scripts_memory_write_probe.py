@@ -104,3 +104,10 @@ def test_cli_prints_one_json_line_per_setting(capsys):
     with pytest.raises(ValueError, match="multiples of the chunk size"):
         probe_script.main(["--tokens", "64", "--positions", "10", "--theta-max", "5e-4",
                            "--alpha-bias", "preset", "--eta-max", "0.9"])
+
+
+def test_an_underflowed_read_gives_null_not_nan():
+    zeros = jnp.zeros((1, 1, 2, 4))
+    assert probe_script._rel(zeros + 1, zeros) is None
+    assert probe_script._rel(zeros + 2, zeros + 1) == pytest.approx(1.0)
+    json.dumps({"x": probe_script._rel(zeros, zeros)}, allow_nan=False)
