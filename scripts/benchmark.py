@@ -58,6 +58,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,17 @@ def xla_flops(compiled) -> float | None:
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None
     return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def lower_and_compile(jitted, *args) -> tuple[dict, Any]:
+    """``({"lower_s", "compile_s", "memory"}, compiled)`` of a jitted function on ``args``."""
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return ({"lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
+             "memory": memory_fields(compiled.memory_analysis())}, compiled)
 
 
 def max_rss_bytes() -> int:
@@ -212,13 +224,7 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
     if "train" in modes:
         step_fn = jit_train_step(fns, tx, schedule, state_shardings(fns, tx, mesh), mesh,
                                  compute_dtype=cfg.train.compute_dtype)
-        t0 = time.perf_counter()
-        lowered = step_fn.lower(abstract_state(fns, tx, mesh), spec)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        row["train"] = {"lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
-                        "memory": memory_fields(compiled.memory_analysis())}
+        row["train"], compiled = lower_and_compile(step_fn, abstract_state(fns, tx, mesh), spec)
         xla["train"] = xla_flops(compiled)
         if not abstract:
             state = init_state(m, fns, tx, mesh, seed=0)
@@ -231,13 +237,8 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
             return fns.apply(cast_floats(params, cdt), tokens, seg)
 
         tok_spec = jax.ShapeDtypeStruct((B, T), np.int32)
-        t0 = time.perf_counter()
-        lowered = jax.jit(forward).lower(fns.abstract_params(), tok_spec, tok_spec)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        row["fwd"] = {"lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
-                      "memory": memory_fields(compiled.memory_analysis())}
+        row["fwd"], compiled = lower_and_compile(jax.jit(forward), fns.abstract_params(),
+                                                 tok_spec, tok_spec)
         xla["fwd"] = xla_flops(compiled)
         if not abstract:
             params = (jax.tree.map(jnp.copy, jobs["train"].args[0].params) if "train" in jobs

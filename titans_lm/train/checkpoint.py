@@ -108,8 +108,7 @@ def _with_empty(restored: Any, abstract: Any) -> Any:
             return jax.device_put(np.zeros(a.shape, a.dtype), a.sharding)
         return r
     flat_a, treedef = jax.tree.flatten(abstract)
-    flat_r = treedef.flatten_up_to(jax.tree.map(lambda x: x, restored, is_leaf=lambda x: x is None))
-    return treedef.unflatten([fill(a, r) for a, r in zip(flat_a, flat_r)])
+    return treedef.unflatten([fill(a, r) for a, r in zip(flat_a, treedef.flatten_up_to(restored))])
 
 
 def config_to_json_dict(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
