@@ -152,9 +152,19 @@ def test_carry_state_config_errors(tmp_path):
     assert diffs == [("train.carry_state", False, True)]
 
 
+def test_streamed_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="data.streamed: applies to corpus training"):
+        validate(tiny_config(tmp_path, data__streamed=True, data__task="mqar"))
+    saved = config_to_json_dict(tiny_config(tmp_path))
+    del saved["data"]["streamed"]  # a checkpoint from before the field: shuffled windows
+    assert config_differences(saved, tiny_config(tmp_path)) == []
+    assert config_differences(saved, tiny_config(tmp_path, data__streamed=True)) == [
+        ("data.streamed", False, True)]
+
+
 def _lmm_run_config(cache_dir, **changes):
-    cfg = tiny_config(cache_dir, train__carry_state=True, train__ckpt_every=2, train__eval_every=100,
-                      mesh__data=2, **changes)
+    cfg = tiny_config(cache_dir, **{"train__carry_state": True, "train__ckpt_every": 2,
+                                    "train__eval_every": 100, "mesh__data": 2, **changes})
     m = small_model_cfg("lmm", "float32", memory__chunk_size=16)
     m.vocab_size = cfg.data.vocab_size
     cfg.model = m
@@ -196,3 +206,21 @@ def test_carry_state_run_resumed_mid_document_is_exact(tmp_path):
     assert tree_max_abs_diff(a.model_state.layers, fresh.layers) > 1e-3
     row_leaf = a.model_state.stream.last_segment_id
     assert row_leaf.sharding.spec == jax.sharding.PartitionSpec(shd.BATCH_AXES)
+
+
+def test_streamed_batches_without_carried_state(tmp_path):
+    """``data.streamed`` alone reads carry_state's batches but starts every window afresh: its
+    first step (where the carried state is still the initial one) equals the carry_state run's,
+    its second does not, and the shuffled-window order gives another first batch."""
+    from titans_lm.train.loop import train
+
+    cache = tmp_path / "cache"
+    losses = {}
+    for name, changes in {"carry": {}, "streamed": dict(train__carry_state=False, data__streamed=True),
+                          "shuffled": dict(train__carry_state=False)}.items():
+        r = train(_lmm_run_config(cache, train__steps=2, **changes), tmp_path / name, progress=False)
+        assert r.status == "completed"
+        losses[name] = r.losses
+    assert losses["streamed"][1] == pytest.approx(losses["carry"][1], rel=1e-6)
+    assert abs(losses["streamed"][2] - losses["carry"][2]) > 1e-4
+    assert abs(losses["shuffled"][1] - losses["streamed"][1]) > 1e-4

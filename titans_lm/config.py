@@ -36,6 +36,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.seq_len = 256  # T: training window length in tokens
     c.data.doc_align = 64  # documents padded to, and windows started at, multiples of this
     c.data.shuffle_seed = 0
+    # Batch order. False: every row of every step is an independent window drawn from the whole
+    # corpus (titans_lm.data.pipeline). True: each row streams whole documents, window after
+    # window (titans_lm.data.stream_pipeline), the order train.carry_state needs and always uses;
+    # without carry_state every window still starts from the initial state: the control that
+    # separates carrying the state from reading the corpus in that order.
+    c.data.streamed = False
     c.data.task = ""  # "": the corpus; "mqar" | "niah": a synthetic task (configs/tasks/*.py)
 
     c.train = ml_collections.ConfigDict()
@@ -99,6 +105,11 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          f"must be 'float32' or 'bfloat16', got {cfg.train.compute_dtype!r}")
     carry = cfg.train.get("carry_state", False)
     need(isinstance(carry, bool), "train.carry_state", f"must be True or False, got {carry!r}")
+    streamed = cfg.data.get("streamed", False)
+    need(isinstance(streamed, bool), "data.streamed", f"must be True or False, got {streamed!r}")
+    need(not streamed or not cfg.data.get("task", ""), "data.streamed",
+         f"applies to corpus training (documents read as consecutive windows); the synthetic task "
+         f"data.task={cfg.data.get('task', '')!r} draws independent sequences: set it False")
     need(not carry or cfg.train.grad_accum == 1, "train.carry_state",
          f"needs train.grad_accum=1 (each batch row carries its own state from step to step; got "
          f"train.grad_accum={cfg.train.grad_accum}): lower train.batch_size instead")

@@ -42,11 +42,11 @@ from titans_lm.train import integrity
 # the data fields that decide which token ids and which batches the run sees. Paths (data_dir,
 # cache_dir) and the trainer's schedule (steps, eval and checkpoint intervals) may change.
 DATA_FIELDS_CHECKED = ("corpus", "vocab_size", "tokenizer_sentences", "seq_len", "doc_align",
-                       "shuffle_seed")
+                       "shuffle_seed", "streamed")
 TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
 # Checked fields added after checkpoints were first written: their value in a checkpoint that
 # predates them (so that older runs still resume).
-ABSENT_MEANS = {"train.carry_state": False}
+ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False}
 
 
 class CheckpointError(RuntimeError):

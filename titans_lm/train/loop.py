@@ -265,13 +265,15 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
     log(f"model {cfg.model.name}: {count_params(fns):,} parameters; mesh "
         f"{dict(mesh.shape)} over {mesh.size} {jax.devices()[0].platform} device(s)")
     tx, schedule = make_optimizer(cfg.optim, tcfg.steps)
-    if carry.batch_size:  # stateful training: each row reads its documents window after window
+    if carry.batch_size or cfg.data.get("streamed", False):  # each row reads its documents in order
         from titans_lm.data.stream_pipeline import StreamIterator
         it = StreamIterator(data.stores["train"], seq_len=T, batch_size=tcfg.batch_size,
                             seed=cfg.data.shuffle_seed, doc_align=cfg.data.doc_align,
                             shard_index=jax.process_index(), shard_count=jax.process_count())
-        log(f"carry_state: each of the {tcfg.batch_size} rows streams whole documents, the model "
-            f"state carried from step to step (gradient stopped at window boundaries)")
+        log(f"each of the {tcfg.batch_size} rows streams whole documents, window after window; " +
+            ("the model state carried from step to step (carry_state, gradient stopped at window "
+             "boundaries)" if carry.batch_size else
+             "every window starts from the initial state (data.streamed without carry_state)"))
     elif task:
         it = data.train_iterator(seq_len=T, batch_size=tcfg.batch_size, seed=cfg.data.shuffle_seed,
                                  shard_index=jax.process_index(), shard_count=jax.process_count())
