@@ -107,15 +107,13 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     need(isinstance(carry, bool), "train.carry_state", f"must be True or False, got {carry!r}")
     streamed = cfg.data.get("streamed", False)
     need(isinstance(streamed, bool), "data.streamed", f"must be True or False, got {streamed!r}")
-    need(not streamed or not cfg.data.get("task", ""), "data.streamed",
-         f"applies to corpus training (documents read as consecutive windows); the synthetic task "
-         f"data.task={cfg.data.get('task', '')!r} draws independent sequences: set it False")
     need(not carry or cfg.train.grad_accum == 1, "train.carry_state",
          f"needs train.grad_accum=1 (each batch row carries its own state from step to step; got "
          f"train.grad_accum={cfg.train.grad_accum}): lower train.batch_size instead")
-    need(not carry or not cfg.data.get("task", ""), "train.carry_state",
-         f"applies to corpus training (documents read as consecutive windows); the synthetic task "
-         f"data.task={cfg.data.get('task', '')!r} draws independent sequences: set it False")
+    for field, on in (("train.carry_state", carry), ("data.streamed", streamed)):
+        need(not on or not cfg.data.get("task", ""), field,
+             f"applies to corpus training (documents read as consecutive windows); the synthetic "
+             f"task data.task={cfg.data.get('task', '')!r} draws independent sequences: set it False")
     need(cfg.optim.lr > 0, "optim.lr", f"must be positive, got {cfg.optim.lr}")
     need(0 <= cfg.optim.warmup_steps, "optim.warmup_steps", "must be >= 0")
     for ax in ("data", "fsdp", "tensor"):
