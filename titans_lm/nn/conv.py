@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from titans_lm.nn.channel_scale import channel_scale
 from titans_lm.nn.init import check_axes
 from titans_lm.nn.segments import segment_positions
 
@@ -77,9 +78,9 @@ def carried_causal_conv(x_BTC: jax.Array, w_KC: jax.Array, positions_BT: jax.Arr
                          f"{tail_BKC.shape}")
     z = jnp.concatenate([tail_BKC.astype(x_BTC.dtype), x_BTC], axis=1)
     pos = positions_BT.reshape(positions_BT.shape + (1,) * extra)
-    y = x_BTC * w_KC[0]
+    y = channel_scale(x_BTC, w_KC[0])       # x * w, with a fast tap gradient on CPU
     for i in range(1, K):
-        y = y + jnp.where(pos >= i, z[:, n_tail - i: n_tail - i + T], 0) * w_KC[i]
+        y = y + channel_scale(jnp.where(pos >= i, z[:, n_tail - i: n_tail - i + T], 0), w_KC[i])
     if tail_at is None:
         return y, z[:, T:]
     return y, jax.lax.dynamic_slice_in_dim(z, tail_at, n_tail, axis=1)
