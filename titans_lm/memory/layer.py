@@ -50,6 +50,7 @@ from titans_lm.memory import sharded
 from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.scan import check_resets, memory_read, memory_scan
+from titans_lm.nn.channel_scale import channel_scale
 from titans_lm.nn.conv import carried_causal_conv
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 
@@ -364,8 +365,21 @@ class NeuralMemory(nnx.Module):
                 kw["state_length"] = sl
             return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0, **kw)
 
-        over_heads = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0, 0, None))
-        over_batch = jax.vmap(over_heads, in_axes=(0,) * 11 + (None,))
+        per_row = jax.vmap(one, in_axes=(0,) * 11 + (None,))
+
+        def over_batch(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl):
+            # One vmap over the B * H rows, not one over B around one over H: with a single
+            # batch dimension XLA's CPU dots ran the engine of a d_model 256, 4-head layer 1.5x
+            # faster (fwd + bwd at T = 4096: 0.55 s -> 0.36 s). Shapes come from the operands:
+            # under shard_map they are per shard.
+            Bl, Hl = k_.shape[:2]
+            flat = lambda x: x.reshape((Bl * Hl,) + x.shape[2:])  # noqa: E731
+            flat_all = lambda xs: tuple(flat(x) for x in xs)  # noqa: E731
+            reads, (P, S) = per_row(flat_all(p), flat_all(m), flat(k_), flat(v_), flat(q_),
+                                    flat(th), flat(et), flat(al), jnp.repeat(rs, Hl, axis=0),
+                                    flat_all(p0), None if lk is None else flat(lk), sl)
+            unflat = lambda x: x.reshape((Bl, Hl) + x.shape[1:])  # noqa: E731
+            return unflat(reads), (tuple(map(unflat, P)), tuple(map(unflat, S)))
         idt = self.inner_dtype
         cast = lambda xs: tuple(x.astype(idt) for x in xs)  # noqa: E731
         # Kernel engines run per shard of the current mesh (titans_lm.memory.sharded).
@@ -390,7 +404,8 @@ class NeuralMemory(nnx.Module):
         cdt = self.compute_dtype
         r = reads_BHTD.astype(jnp.promote_types(jnp.float32, cdt))
         r = r * jax.lax.rsqrt(jnp.mean(r ** 2, axis=-1, keepdims=True) + cfg.norm_eps)
-        r = jnp.transpose(r, (0, 2, 1, 3)).astype(cdt) * self.norm_scale[...].astype(cdt)
+        r = channel_scale(jnp.transpose(r, (0, 2, 1, 3)).astype(cdt),
+                          self.norm_scale[...].astype(cdt))
         if cfg.use_output_gate:
             gate = jnp.einsum("btd,dhk->bthk", x_BTD.astype(cdt), self.w_gate[...].astype(cdt))
             r = r * jax.nn.silu(gate)
