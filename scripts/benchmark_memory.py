@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 
 import jax
@@ -54,7 +56,7 @@ def timed_call(compiled, args):
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--impls", nargs="+", default=["reference", "chunked"])
     p.add_argument("--models", nargs="+", default=["linear", "mlp"], choices=["linear", "mlp"])
@@ -71,9 +73,17 @@ def main():
                         "token (MLP d=64: ~0.7 MB per token)")
     p.add_argument("--full", action="store_true",
                    help="the whole grid: d 64 128, chunks 16 64, T 1024 4096 16384, both impls")
-    a = p.parse_args()
+    p.add_argument("--isolate", type=int, default=0, metavar="ROUNDS",
+                   help="run each implementation in its own process, ROUNDS times, alternating "
+                        "(each process times --repeats calls); the speed-ups then compare "
+                        "processes that never shared an allocator (the reference's backward "
+                        "allocates ~11 GB at MLP d=64, T=4096, and slows whatever runs after it in "
+                        "the same process)")
+    a = p.parse_args(argv)
     if a.full:
         a.d, a.chunks, a.T = [64, 128], [16, 64], [1024, 4096, 16384]
+    if a.isolate:
+        return isolated(a, argv if argv is not None else sys.argv[1:])
 
     # Compile everything first, then time in round-robin rounds: on a shared machine the load
     # drifts, and interleaving keeps the configurations comparable. Reported: the median and the
@@ -112,6 +122,7 @@ def main():
         tokens = row["batch"] * row["T"]
         wall = float(np.median(walls))
         row[mode].update({"seconds": round(wall, 5), "seconds_min": round(min(walls), 5),
+                          "seconds_all": [round(w, 5) for w in walls],
                           "cpu_seconds": round(float(np.median(cpus)), 5),
                           "tokens_per_s": round(tokens / wall, 1),
                           "us_per_token": round(1e6 * wall / tokens, 3),
@@ -122,6 +133,64 @@ def main():
             row["device_peak_bytes"] = int(stats["peak_bytes_in_use"])
         print(json.dumps(row), flush=True)
     summarize(rows)
+
+
+def _without_flag(argv, flag):
+    """argv without ``flag`` (``--flag v ...`` or ``--flag=v``) and the values that follow it."""
+    out, skipping = [], False
+    for x in argv:
+        if x == flag:
+            skipping = True
+            continue
+        if skipping and not x.startswith("--"):
+            continue
+        skipping = False
+        if not x.startswith(flag + "="):
+            out.append(x)
+    return out
+
+
+def isolated(a, argv):
+    """``--isolate ROUNDS``: each round starts one process per implementation in turn (same grid,
+    ``--impls`` that one); the rows merge every process's timed calls (median and minimum over all
+    of them) and keep the first process's compile and memory figures."""
+    base = _without_flag(_without_flag(argv, "--isolate"), "--impls")
+    merged = {}
+    for _ in range(a.isolate):
+        for impl in a.impls:
+            cmd = [sys.executable, __file__, *base, "--impls", impl]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                print(json.dumps({"impl": impl, "error": res.stderr.strip()[-400:]}), flush=True)
+                continue
+            for line in res.stdout.splitlines():
+                row = json.loads(line)
+                if "impl" not in row:
+                    continue
+                key = tuple(row.get(k) for k in ("impl", "model", "d", "chunk", "T"))
+                if key not in merged:
+                    merged[key] = row
+                    continue
+                for mode in ("fwd", "fwd_bwd"):
+                    if mode in row:
+                        merged[key][mode]["seconds_all"] += row[mode]["seconds_all"]
+    rows = list(merged.values())
+    for row in rows:
+        tokens = row["batch"] * row["T"]
+        row["processes"] = a.isolate
+        for mode in ("fwd", "fwd_bwd"):
+            if mode not in row:
+                continue
+            walls = row[mode]["seconds_all"]
+            wall = float(np.median(walls))
+            row[mode].update({"seconds": round(wall, 5), "seconds_min": round(min(walls), 5),
+                              "tokens_per_s": round(tokens / wall, 1),
+                              "us_per_token": round(1e6 * wall / tokens, 3),
+                              "us_per_token_min": round(1e6 * min(walls) / tokens, 3)})
+            row[mode].pop("cpu_seconds", None)       # per process; not merged
+        print(json.dumps(row), flush=True)
+    summarize(rows)
+    return 0
 
 
 def summarize(rows):
