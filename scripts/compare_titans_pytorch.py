@@ -25,8 +25,10 @@ What each computes (per chunk of b tokens, ``--chunks``):
 
 Protocol: one worker process per configuration (framework x variant x chunk x T), started and
 warmed up, then ``--repeats`` rounds in which every live worker runs one timed call in turn (so
-load drift hits all alike). Workers of one T live together; the T values run one after another
-(memory). Each prints its median and minimum seconds per call and its peak RSS; the summary gives
+load drift hits all alike). Workers of one T live together (``--together T``), or titans_lm
+beside one titans-pytorch variant at a time (``--together pair``: at T = 16K a titans-pytorch
+worker holds about 11 GB, and six workers at once exceed a 24 GiB machine); the groups run one
+after another. Each prints its median and minimum seconds per call and its peak RSS; the summary gives
 tokens/s and the ratio titans_lm / titans_pytorch (> 1: titans_lm faster). A worker that fails
 (time out, out of memory) is reported with its error and the others go on.
 """
@@ -54,6 +56,7 @@ def jax_worker(chunk: int, T: int):
     from flax import nnx
 
     from titans_lm.memory import MemoryConfig, NeuralMemory
+    from titans_lm.nn.stream import fresh_stream_state, make_stream
 
     cfg = MemoryConfig(d_model=D_MODEL, n_heads=HEADS, head_dim=HEAD_DIM, memory_depth=DEPTH,
                        memory_expansion=EXPANSION, chunk_size=chunk)
@@ -61,9 +64,13 @@ def jax_worker(chunk: int, T: int):
         layer = NeuralMemory(cfg, rngs=nnx.Rngs(0))
     gdef, params = nnx.split(layer)
     x = jax.random.normal(jax.random.key(1), (1, T, D_MODEL), jnp.float32)
+    # One document from a fresh state: the training path (no carried state, no buffer).
+    stream = make_stream(jnp.ones((1, T), jnp.int32), fresh_stream_state(1), fresh=True)[0]
+    state0 = layer.init_state(1)
 
     def loss(p, x):
-        return jnp.mean(nnx.merge(gdef, p)(x) ** 2)
+        y, _ = nnx.merge(gdef, p)(x, stream, state0)
+        return jnp.mean(y ** 2)
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     compiled = step.lower(params, x).compile()
@@ -124,7 +131,9 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             err = self.proc.stderr.read()[-400:]
-            self.error = f"exited {self.proc.wait()}: {err.strip()}"
+            code = self.proc.wait()
+            why = " (SIGKILL: out of memory?)" if code == -9 else ""
+            self.error = f"exited {code}{why}: {err.strip()}"
             return None
         return json.loads(line)
 
@@ -133,20 +142,29 @@ class Worker:
         if msg:
             self.info.update(msg)
 
+    def _send(self, line: str) -> bool:
+        """Write one command; a worker that died (e.g. killed for memory) records why."""
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError):
+            code = self.proc.wait()
+            err = self.proc.stderr.read()[-400:].strip()
+            why = " (SIGKILL: out of memory?)" if code == -9 else ""
+            self.error = f"exited {code}{why}: {err}"
+            return False
+
     def run_once(self):
-        if self.error:
+        if self.error or not self._send("run"):
             return
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
         msg = self.read()
         if msg:
             self.times.append(msg["s"])
 
     def close(self):
-        if self.error:
+        if self.error or not self._send("quit"):
             return
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.flush()
         msg = self.read()
         if msg:
             self.info.update(msg)
@@ -166,6 +184,25 @@ class Worker:
         return out
 
 
+def groups(a):
+    """(T, specs) per group of workers that live and alternate together: ``--together T`` all
+    configurations of one T; ``pair`` titans_lm beside one titans-pytorch variant at one chunk
+    size (two processes at a time, for long T; titans_lm is then timed once per pair)."""
+    torch_fw = [f for f in a.frameworks if f != "titans_lm"]
+    for T in a.T:
+        specs = [{"framework": f, "chunk": c, "T": T} for c in a.chunks for f in a.frameworks
+                 if f == "titans_lm" or T <= a.torch_max_T]
+        if a.together == "T" or not torch_fw or T > a.torch_max_T:
+            yield T, specs
+            continue
+        for c in a.chunks:
+            for f in torch_fw:
+                g = f"{f}@{c}"
+                pair = [{"framework": "titans_lm", "chunk": c, "T": T, "group": g},
+                        {"framework": f, "chunk": c, "T": T, "group": g}]
+                yield T, [s for s in pair if s["framework"] in a.frameworks]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -182,6 +219,10 @@ def main(argv=None) -> int:
     p.add_argument("--jax_python", default=sys.executable)
     p.add_argument("--torch_python", default=sys.executable,
                    help="python of an environment with torch and titans-pytorch")
+    p.add_argument("--together", choices=["T", "pair"], default="T",
+                   help="which workers live and alternate together: every configuration of one T, "
+                        "or titans_lm beside one titans-pytorch variant (less memory: at T = 16K a "
+                        "titans-pytorch worker holds about 11 GB)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=None, help="JSON lines file (appended)")
     a = p.parse_args(argv)
@@ -197,9 +238,7 @@ def main(argv=None) -> int:
             out.flush()
 
     results = []
-    for T in a.T:
-        specs = [{"framework": f, "chunk": c, "T": T} for c in a.chunks for f in a.frameworks
-                 if f == "titans_lm" or T <= a.torch_max_T]
+    for T, specs in groups(a):
         workers = [Worker(s, a.jax_python if s["framework"] == "titans_lm" else a.torch_python,
                           a.timeout) for s in specs]
         for w in workers:
@@ -215,7 +254,8 @@ def main(argv=None) -> int:
         if r["framework"] != "titans_lm" or "tokens_per_s" not in r:
             continue
         for o in results:
-            if o["framework"] != "titans_lm" and o["chunk"] == r["chunk"] and o["T"] == r["T"]:
+            if (o["framework"] != "titans_lm" and o["chunk"] == r["chunk"] and o["T"] == r["T"]
+                    and o.get("group") == r.get("group")):
                 emit({"ratio": f"titans_lm / {o['framework']}", "chunk": r["chunk"], "T": r["T"],
                       "x_median": (round(o["s_median"] / r["s_median"], 2) if "s_median" in o
                                    else None),
