@@ -157,6 +157,54 @@ def cache_mask(q_doc_BT: jax.Array, q_index_BT: jax.Array, keys: KVCache,
     return mask[:, None]
 
 
+def blocked_window_attention(q_BTHK: jax.Array, q_doc_BT: jax.Array, q_index_BT: jax.Array,
+                             stream_keys: KVCache, persistent: KVCache | None, window: int
+                             ) -> jax.Array:
+    """Sliding-window attention in blocks of W queries: O(T W) work and memory, not O(T^2).
+
+    The same result as ``dot_product_attention(q, keys, cache_mask(..., window))`` over
+    ``keys = [persistent || stream_keys]``: a query at stream position i sees keys in (i - W, i]
+    of its run and the persistent ones, so the W queries of block j need only the keys of blocks
+    j - 1 and j of the stream (Longformer-style banded attention; Beltagy et al. 2020). Each block
+    attends over [persistent || 2W keys] with the module's mask rule.
+
+    Args:
+      q_BTHK: [B, T, H, K] queries of one call, T a multiple of W.
+      q_doc_BT, q_index_BT: int32 [B, T] their run ids and stream positions.
+      stream_keys: the C + T stream entries before and of the call, oldest first, C in {0, W}:
+        the cache (``AttentionState.recent``, the last W entries of the stream) and the call's own.
+      persistent: the persistent slots [B, N_p] or None.
+      window: W >= 1.
+    Returns:
+      [B, T, H, K] in the dtype of q.
+    Raises:
+      ValueError: when T is not a multiple of W or C is neither 0 nor W.
+    """
+    B, T, H, K = q_BTHK.shape
+    W = int(window)
+    L = stream_keys.k.shape[1]
+    if T % W or L - T not in (0, W):
+        raise ValueError(f"blocked window attention needs T % W == 0 and 0 or W cached entries; "
+                         f"got T={T}, W={W}, {L - T} cached")
+    nb = T // W
+    left = W - (L - T)        # invalid slots so that the stream part is [W before || T]
+
+    def blocks(a):            # [B, W + T, ...] -> [B * nb, 2W, ...]: blocks j - 1 and j
+        a = jnp.pad(a, [(0, 0), (left, 0)] + [(0, 0)] * (a.ndim - 2))
+        a = a.reshape((B, nb + 1, W) + a.shape[2:])
+        span = jnp.concatenate([a[:, :-1], a[:, 1:]], axis=2)
+        return span.reshape((B * nb, 2 * W) + a.shape[3:])
+
+    keys = KVCache(*(blocks(f) for f in stream_keys))
+    if persistent is not None and persistent.k.shape[1]:
+        rep = lambda a: jnp.repeat(a, nb, axis=0)  # noqa: E731  row b -> rows b * nb ...
+        keys = _concat([KVCache(*(rep(f) for f in persistent)), keys])
+    per_block = lambda a: a.reshape((B * nb, W) + a.shape[2:])  # noqa: E731
+    mask = cache_mask(per_block(q_doc_BT), per_block(q_index_BT), keys, W)
+    o = dot_product_attention(per_block(q_BTHK), keys.k, keys.v, mask)
+    return o.reshape(B, T, H, K)
+
+
 class Attention(nnx.Module):
     """Causal multi-head self-attention token mixer with a carried KV cache.
 
@@ -252,12 +300,25 @@ class Attention(nnx.Module):
         k = apply_rope(k, stream.positions, self.rope_theta)
         index_BT = stream.offset + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         new = KVCache(k, v, stream.doc_ids, index_BT, jnp.ones((B, T), bool))
-        parts = [state.persistent] if self.n_persistent else []
-        if not stream.fresh and self.cache_size:
-            parts.append(state.recent)
-        keys = _concat(parts + [new])
-        mask = cache_mask(stream.doc_ids, index_BT, keys, self.context)
-        o_BTHK = dot_product_attention(q, keys.k, keys.v, mask)
+        recent = [state.recent] if not stream.fresh and self.cache_size else []
+        slots = [state.persistent] if self.n_persistent else []
+
+        def dense():
+            keys = _concat(slots + recent + [new])
+            return dot_product_attention(q, keys.k, keys.v,
+                                         cache_mask(stream.doc_ids, index_BT, keys, self.context))
+
+        if self.window and T % self.window == 0 and T >= 2 * self.window:
+            # Banded, O(T W) instead of O(T (C + T)). A persistent token inside the call (the
+            # persistent pass, or a caller's own prefix layout) must stay visible to every query,
+            # which the bands do not guarantee: such calls take the dense form.
+            def banded():
+                return blocked_window_attention(q, stream.doc_ids, index_BT,
+                                                _concat(recent + [new]),
+                                                slots[0] if slots else None, self.window)
+            o_BTHK = jax.lax.cond(jnp.any(stream.doc_ids == PERSISTENT_SEGMENT_ID), dense, banded)
+        else:
+            o_BTHK = dense()
         y = jnp.einsum("bthk,hkd->btd", o_BTHK, self.w_o[...].astype(dt))
         return y, self._update(state, new, stream.fresh)
 
