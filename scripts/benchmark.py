@@ -373,7 +373,9 @@ def main(argv=None) -> int:
                             row, jobs = setup(backbone, size, T, a.batch, impl=impl, chunk=chunk,
                                               remat=a.remat, dtype=a.dtype, modes=a.modes,
                                               abstract=a.abstract, variant=parse_variant(variant))
-                        except (ValueError, MemoryError) as e:
+                        except (ValueError, MemoryError, jax.errors.JaxRuntimeError) as e:
+                            # a configuration that does not fit (XLA's RESOURCE_EXHAUSTED at the
+                            # warm-up call) is reported, and the others still run
                             emit({"backbone": backbone, "size": size, "T": T, "chunk": chunk,
                                   "impl": impl, "error": f"{type(e).__name__}: {e}"}, out)
                             continue
