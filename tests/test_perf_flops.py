@@ -98,3 +98,13 @@ def test_unknown_backbone():
     m.name = "nope"
     with pytest.raises(ValueError, match="no FLOP count for backbone 'nope'"):
         count_flops(m, 64)
+
+
+def test_banded_window_attention_counts_two_windows_of_keys():
+    """A sliding window W over T = 4W tokens runs in bands: each query over 2W keys."""
+    m = small_config("swa")
+    m.window = 16
+    T, D, L = 64, 128, 2
+    c = count_flops(m, T)
+    assert c.executed["attention_core"] == L * T * 4 * D * 2 * 16
+    assert count_flops(m, 24).executed["attention_core"] == L * 24 * 4 * D * 24   # 24 % W: dense

@@ -14,7 +14,8 @@ Two counts per sequence of T tokens (:class:`FlopCount`):
   (for full causal attention (T + 1) / 2 on average; min(t + 1, window) with a sliding window),
   and the memory counts only real tokens.
 - ``executed``: what this implementation computes: attention is a dense masked [T, S] product
-  (``jax.nn.dot_product_attention``'s XLA path on CPU), the memory pads the sequence to whole
+  (``jax.nn.dot_product_attention``'s XLA path on CPU), or, for a sliding window W with T a
+  multiple of W and T >= 2W, bands of W queries over [persistent || 2W] keys (:func:`banded`), the memory pads the sequence to whole
   chunks, MAC computes the W0 retrieval of every token and the attention over
   [persistent || retrieved || segment] densely. ``tests/test_perf_flops.py`` checks this count
   exactly against the ``dot_general`` FLOPs of the traced forward (:func:`jaxpr_matmul_flops`)
@@ -181,10 +182,18 @@ def _prefixed_memory(acc: _Acc, mcfg: MemoryConfig, n_p: int, T: int) -> None:
     _memory_output(acc, mcfg, n_p + T)
 
 
+def banded(T: int, window: int | None) -> bool:
+    """Whether a call of T tokens runs its sliding-window attention in bands of W queries over
+    2W keys (``titans_lm.nn.attention.blocked_window_attention``) rather than densely."""
+    return bool(window) and T % window == 0 and T >= 2 * window
+
+
 def _attention(acc: _Acc, D: int, HK: int, n: int, window: int | None) -> None:
-    """Causal (sliding-window) self-attention over n positions (dense [n, n] when executed)."""
+    """Causal (sliding-window) self-attention over n positions (executed: dense [n, n], or
+    n x 2W keys when banded)."""
     acc.add("attention_proj", n * 4 * 2 * D * HK)
-    acc.add("attention_core", n * 4 * HK * _mean_visible(n, window), n * 4 * HK * n)
+    keys = 2 * window if banded(n, window) else n
+    acc.add("attention_core", n * 4 * HK * _mean_visible(n, window), n * 4 * HK * keys)
 
 
 def _mlp(acc: _Acc, D: int, d_ff: int, n: int) -> None:
@@ -277,7 +286,9 @@ def count_flops(model_cfg, seq_len: int) -> FlopCount:
             n = n_p + T
             acc.add("attention_proj", n * 4 * 2 * D * (D // H) * H)
             vis = (_mean_visible(T, window) + n_p) if window else _mean_visible(n, None)
-            acc.add("attention_core", n * 4 * (D // H) * H * vis, n * 4 * (D // H) * H * n)
+            executed = (T * 4 * (D // H) * H * (2 * window + n_p) + n_p * 4 * (D // H) * H * n_p
+                        if banded(T, window) else n * 4 * (D // H) * H * n)
+            acc.add("attention_core", n * 4 * (D // H) * H * vis, executed)
             if i in layers:
                 _prefixed_memory(acc, mcfg, n_p, T)
                 if name == "mag":
