@@ -87,11 +87,21 @@ def test_the_module_gives_the_same_output_on_the_banded_and_dense_paths():
                          init_std=0.3, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, T, 16), jnp.float64)
     seg = jnp.asarray(np.repeat([[1, 1, 2, 2], [3, 3, 3, 4]], T // 4, axis=1), jnp.int32)
-    stream, _ = make_stream(seg, fresh_stream_state(2), fresh=True)
+    stream, _ = make_stream(seg, fresh_stream_state(2), fresh=True, no_persistent=True)
     whole, _ = attn(x, stream, attn.init_state(2))
+    dense, _ = attn(x, make_stream(seg, fresh_stream_state(2), fresh=True)[0], attn.init_state(2))
+    np.testing.assert_allclose(whole, dense, rtol=1e-12, atol=1e-13)
     st, s_state, parts = attn.init_state(2), fresh_stream_state(2), []
     for i in range(0, T, W):
         s, s_state = make_stream(seg[:, i:i + W], s_state, fresh=(i == 0))
         y, st = attn(x[:, i:i + W], s, st)
         parts.append(y)
     np.testing.assert_allclose(whole, jnp.concatenate(parts, axis=1), rtol=1e-12, atol=1e-13)
+
+
+def test_a_stream_without_persistent_tokens_refuses_persistent_ids():
+    seg = jnp.asarray([[PERSISTENT_SEGMENT_ID, 1, 1]], jnp.int32)
+    with pytest.raises(ValueError, match="persistent tokens"):
+        make_stream(seg, fresh_stream_state(1), no_persistent=True)
+    stream, _ = make_stream(seg, fresh_stream_state(1))
+    assert not stream.no_persistent

@@ -184,7 +184,9 @@ class LanguageModel(nnx.Module):
         elif not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
             raise ValueError("state must be the LMState of this model (model.init_state(B) or the "
                              "state a previous call returned)")
-        stream, stream_state = make_stream(segment_ids_BT, state.stream, fresh=stateless)
+        # The model feeds its persistent tokens itself (init_state): a call's ids are >= 0.
+        stream, stream_state = make_stream(segment_ids_BT, state.stream, fresh=stateless,
+                                           no_persistent=True)
         # The residual stream is kept in float32 (float64 in float64 mode) even when computing in
         # bfloat16 (the embedding lookup is done in that dtype): the norms, mixers and MLPs run in
         # the compute dtype, their outputs are added to the stream at full precision.

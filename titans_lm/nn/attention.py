@@ -22,6 +22,11 @@ in float32; in float64 a plain float64 softmax, see :func:`dot_product_attention
 library's window would also hide persistent-memory keys; the mask expresses "same run, causal,
 within the window, or persistent" in one place (``attention_mask`` in ``titans_lm.nn.segments`` is
 the same rule for one window). Persistent tokens get RoPE position 0, i.e. no rotation.
+
+With a sliding window W, a call of T tokens (T a multiple of W, T >= 2W) whose stream promises
+no persistent token inside it (``Stream.no_persistent``, set by the LM shell) runs in bands of W
+queries over [persistent slots || 2W keys] (:func:`blocked_window_attention`): O(T W) work and
+memory instead of O(T^2), the same result.
 """
 
 from __future__ import annotations
@@ -308,15 +313,12 @@ class Attention(nnx.Module):
             return dot_product_attention(q, keys.k, keys.v,
                                          cache_mask(stream.doc_ids, index_BT, keys, self.context))
 
-        if self.window and T % self.window == 0 and T >= 2 * self.window:
-            # Banded, O(T W) instead of O(T (C + T)). A persistent token inside the call (the
-            # persistent pass, or a caller's own prefix layout) must stay visible to every query,
-            # which the bands do not guarantee: such calls take the dense form.
-            def banded():
-                return blocked_window_attention(q, stream.doc_ids, index_BT,
-                                                _concat(recent + [new]),
-                                                slots[0] if slots else None, self.window)
-            o_BTHK = jax.lax.cond(jnp.any(stream.doc_ids == PERSISTENT_SEGMENT_ID), dense, banded)
+        if (stream.no_persistent and self.window and T % self.window == 0
+                and T >= 2 * self.window):
+            # Banded, O(T W) instead of O(T (C + T)). Only when the stream promises no persistent
+            # token inside the call: those must stay visible to every query, which bands are not.
+            o_BTHK = blocked_window_attention(q, stream.doc_ids, index_BT, _concat(recent + [new]),
+                                              slots[0] if slots else None, self.window)
         else:
             o_BTHK = dense()
         y = jnp.einsum("bthk,hkd->btd", o_BTHK, self.w_o[...].astype(dt))

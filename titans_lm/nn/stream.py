@@ -65,11 +65,14 @@ class Stream:
       offset []: stream position of token 0 (= ``StreamState.position``); the memory's chunk phase
         is ``offset % chunk_size``.
 
-    Static field (part of the pytree structure, not traced):
+    Static fields (part of the pytree structure, not traced):
       fresh: True when the mixers' incoming state holds no token of the stream yet (it is
         ``mixer.init_state(B)``, or what ``LanguageModel.init_state`` leaves after the persistent
         prefix) and ``offset`` is 0, so a mixer may skip cache / buffer work. False promises
         nothing (a mixer then handles any state); the results are the same either way.
+      no_persistent: True promises that no position of the call is persistent (the LM shell's
+        calls: its persistent tokens come in their own call, from ``init_state``), so
+        sliding-window attention may run in bands of W queries. False promises nothing.
 
     A registered pytree (``jax.tree_util.register_dataclass``), so it passes through jit, remat
     and scan; ``_replace`` works as on a NamedTuple.
@@ -81,6 +84,7 @@ class Stream:
     positions: jax.Array
     offset: jax.Array
     fresh: bool = False
+    no_persistent: bool = False
 
     def _replace(self, **changes) -> "Stream":
         return dataclasses.replace(self, **changes)
@@ -93,7 +97,7 @@ class Stream:
 
 jax.tree_util.register_dataclass(
     Stream, data_fields=["segment_ids", "doc_ids", "starts", "positions", "offset"],
-    meta_fields=["fresh"])
+    meta_fields=["fresh", "no_persistent"])
 
 
 def fresh_stream_state(batch_size: int) -> StreamState:
@@ -111,8 +115,16 @@ def fresh_stream_state(batch_size: int) -> StreamState:
                        doc_position=jnp.full((B,), -1, jnp.int32))
 
 
-def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False
-                ) -> tuple[Stream, StreamState]:
+def _concretely_true(x) -> bool:
+    """bool(x) for a concrete value; False under jit (a traced value is not checked)."""
+    try:
+        return bool(x)
+    except jax.errors.ConcretizationTypeError:
+        return False
+
+
+def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False,
+                no_persistent: bool = False) -> tuple[Stream, StreamState]:
     """This call's :class:`Stream` and the state after it.
 
     Args:
@@ -120,6 +132,8 @@ def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False
       state: the :class:`StreamState` before the call (``fresh_stream_state(B)`` for a new stream).
       fresh: the static ``Stream.fresh`` promise (see :class:`Stream`); pass True only when the
         mixers' states hold no token yet and ``state.position`` is 0.
+      no_persistent: the static ``Stream.no_persistent`` promise; checked when the ids are
+        concrete (outside jit).
 
     Returns:
       (stream, new_state). With a fresh state the stream equals, field for field,
@@ -127,10 +141,14 @@ def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False
       ``documents.document_starts`` (memory starts) of the same ids.
 
     Raises:
-      ValueError: on ids that are not a 2-D integer array, an empty call, or a state whose batch
-        size differs from the ids'.
+      ValueError: on ids that are not a 2-D integer array, an empty call, a state whose batch
+        size differs from the ids', or (outside jit) persistent ids under ``no_persistent``.
     """
     s = _check_ids(segment_ids_BT).astype(jnp.int32)
+    if no_persistent and _concretely_true(jnp.any(s == PERSISTENT_SEGMENT_ID)):
+        raise ValueError(f"segment id {PERSISTENT_SEGMENT_ID} marks the model's own persistent "
+                         "tokens, which it feeds itself (LanguageModel.init_state); use ids >= 1 "
+                         "for documents and 0 for padding")
     B, T = s.shape
     if T < 1:
         raise ValueError("a call must hold at least one token (segment_ids_BT has T = 0)")
@@ -156,7 +174,7 @@ def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False
         starts=(s != prev_BT) & (s != 0),
         positions=jnp.where(persistent_BT, 0, run_pos_BT).astype(jnp.int32),
         offset=jnp.asarray(state.position, jnp.int32),
-        fresh=bool(fresh))
+        fresh=bool(fresh), no_persistent=bool(no_persistent))
     new_state = StreamState(position=(state.position + T).astype(jnp.int32),
                             last_segment_id=s[:, -1],
                             doc_index=runs_BT[:, -1],
