@@ -65,8 +65,8 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
-MEMORY_BACKBONES = BACKBONES[1:]
+BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
+MEMORY_BACKBONES = BACKBONES[2:]
 
 
 def load_config(backbone: str, size: str):
