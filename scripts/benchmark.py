@@ -77,7 +77,7 @@ def load_config(backbone: str, size: str):
         raise FileNotFoundError(f"config file {path} not found")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    if size == "125m" and backbone != "transformer":
+    if size == "125m" and backbone in MEMORY_BACKBONES:
         size = "170m"
     return mod.get_config(size)
 
