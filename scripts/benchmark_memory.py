@@ -119,20 +119,24 @@ def main(argv=None):
             walls.append(wall)
             cpus.append(cpu)
     for row, mode, compiled, args, walls, cpus in jobs:
-        tokens = row["batch"] * row["T"]
-        wall = float(np.median(walls))
-        row[mode].update({"seconds": round(wall, 5), "seconds_min": round(min(walls), 5),
-                          "seconds_all": [round(w, 5) for w in walls],
-                          "cpu_seconds": round(float(np.median(cpus)), 5),
-                          "tokens_per_s": round(tokens / wall, 1),
-                          "us_per_token": round(1e6 * wall / tokens, 3),
-                          "us_per_token_min": round(1e6 * min(walls) / tokens, 3)})
+        row[mode].update(timing_fields(walls, row["batch"] * row["T"]))
+        row[mode]["cpu_seconds"] = round(float(np.median(cpus)), 5)
     stats = jax.devices()[0].memory_stats()
     for row in rows:
         if stats and "peak_bytes_in_use" in stats:
             row["device_peak_bytes"] = int(stats["peak_bytes_in_use"])
         print(json.dumps(row), flush=True)
     summarize(rows)
+
+
+def timing_fields(walls, tokens: int) -> dict:
+    """Median and minimum seconds per call over ``walls``, every call, and the rates they give."""
+    wall = float(np.median(walls))
+    return {"seconds": round(wall, 5), "seconds_min": round(min(walls), 5),
+            "seconds_all": [round(w, 5) for w in walls],
+            "tokens_per_s": round(tokens / wall, 1),
+            "us_per_token": round(1e6 * wall / tokens, 3),
+            "us_per_token_min": round(1e6 * min(walls) / tokens, 3)}
 
 
 def _without_flag(argv, flag):
@@ -176,18 +180,11 @@ def isolated(a, argv):
                         merged[key][mode]["seconds_all"] += row[mode]["seconds_all"]
     rows = list(merged.values())
     for row in rows:
-        tokens = row["batch"] * row["T"]
         row["processes"] = a.isolate
         for mode in ("fwd", "fwd_bwd"):
-            if mode not in row:
-                continue
-            walls = row[mode]["seconds_all"]
-            wall = float(np.median(walls))
-            row[mode].update({"seconds": round(wall, 5), "seconds_min": round(min(walls), 5),
-                              "tokens_per_s": round(tokens / wall, 1),
-                              "us_per_token": round(1e6 * wall / tokens, 3),
-                              "us_per_token_min": round(1e6 * min(walls) / tokens, 3)})
-            row[mode].pop("cpu_seconds", None)       # per process; not merged
+            if mode in row:
+                row[mode].update(timing_fields(row[mode]["seconds_all"], row["batch"] * row["T"]))
+                row[mode].pop("cpu_seconds", None)       # per process; not merged
         print(json.dumps(row), flush=True)
     summarize(rows)
     return 0

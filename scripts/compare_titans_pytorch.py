@@ -130,10 +130,7 @@ class Worker:
     def read(self) -> dict | None:
         line = self.proc.stdout.readline()
         if not line:
-            err = self.proc.stderr.read()[-400:]
-            code = self.proc.wait()
-            why = " (SIGKILL: out of memory?)" if code == -9 else ""
-            self.error = f"exited {code}{why}: {err.strip()}"
+            self._record_exit()
             return None
         return json.loads(line)
 
@@ -149,11 +146,15 @@ class Worker:
             self.proc.stdin.flush()
             return True
         except (BrokenPipeError, OSError):
-            code = self.proc.wait()
-            err = self.proc.stderr.read()[-400:].strip()
-            why = " (SIGKILL: out of memory?)" if code == -9 else ""
-            self.error = f"exited {code}{why}: {err}"
+            self._record_exit()
             return False
+
+    def _record_exit(self):
+        """The error of a worker that exited: its code and the end of its stderr."""
+        err = self.proc.stderr.read()[-400:].strip()
+        code = self.proc.wait()
+        why = " (SIGKILL: out of memory?)" if code == -9 else ""
+        self.error = f"exited {code}{why}: {err}"
 
     def run_once(self):
         if self.error or not self._send("run"):

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from titans_lm.memory.inner_models import InnerModel, resolve_model
+from titans_lm.nn.segments import is_concrete
 
 IMPLEMENTATIONS: dict[str, str | Callable] = {
     "reference": "titans_lm.memory.reference:reference_scan",
@@ -73,10 +74,6 @@ def _check_same_structure(a, b, name_a, name_b):
                          f"{[tuple(x.shape) for x in a]} vs {[tuple(y.shape) for y in b]}")
 
 
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
 def check_gates(theta, eta, alpha=None, log_keep=None) -> None:
     """Raise ValueError for gates outside their ranges (concrete arrays only; any shape).
 
@@ -92,7 +89,7 @@ def check_gates(theta, eta, alpha=None, log_keep=None) -> None:
               ("alpha", alpha, lambda g: (g >= 0) & (g <= 1), "in [0, 1] (a forget gate)"),
               ("log_keep", log_keep, lambda g: g <= 0, "<= 0 (log(1 - alpha))"))
     for name, g, ok, want in checks:
-        if g is None or not _is_concrete(g):
+        if g is None or not is_concrete(g):
             continue
         g = np.asarray(g)
         bad = ~ok(g)
@@ -112,7 +109,7 @@ def check_resets(reset, chunk_size: int) -> None:
     ignored; configurations are checked up front instead
     (:func:`titans_lm.memory.alignment.check_reset_alignment`).
     """
-    if reset is None or not _is_concrete(reset):
+    if reset is None or not is_concrete(reset):
         return
     r = np.asarray(reset).astype(bool)
     off = r & (np.arange(r.shape[-1]) % chunk_size != 0)

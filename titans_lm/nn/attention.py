@@ -308,11 +308,6 @@ class Attention(nnx.Module):
         recent = [state.recent] if not stream.fresh and self.cache_size else []
         slots = [state.persistent] if self.n_persistent else []
 
-        def dense():
-            keys = _concat(slots + recent + [new])
-            return dot_product_attention(q, keys.k, keys.v,
-                                         cache_mask(stream.doc_ids, index_BT, keys, self.context))
-
         if (stream.no_persistent and self.window and T % self.window == 0
                 and T >= 2 * self.window):
             # Banded, O(T W) instead of O(T (C + T)). Only when the stream promises no persistent
@@ -320,7 +315,9 @@ class Attention(nnx.Module):
             o_BTHK = blocked_window_attention(q, stream.doc_ids, index_BT, _concat(recent + [new]),
                                               slots[0] if slots else None, self.window)
         else:
-            o_BTHK = dense()
+            keys = _concat(slots + recent + [new])
+            mask = cache_mask(stream.doc_ids, index_BT, keys, self.context)
+            o_BTHK = dot_product_attention(q, keys.k, keys.v, mask)
         y = jnp.einsum("bthk,hkd->btd", o_BTHK, self.w_o[...].astype(dt))
         return y, self._update(state, new, stream.fresh)
 

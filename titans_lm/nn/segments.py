@@ -12,10 +12,16 @@ and attention masks from one source and never look across a document boundary.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 PERSISTENT_SEGMENT_ID = -1
+
+
+def is_concrete(x) -> bool:
+    """True outside jit (a value that checks may inspect); False for a traced value."""
+    return not isinstance(x, jax.core.Tracer)
 
 
 def _check_ids(segment_ids_BT, name: str = "segment_ids_BT") -> jnp.ndarray:

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID, _check_ids
+from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID, _check_ids, is_concrete
 
 
 class StreamState(NamedTuple):
@@ -115,14 +115,6 @@ def fresh_stream_state(batch_size: int) -> StreamState:
                        doc_position=jnp.full((B,), -1, jnp.int32))
 
 
-def _concretely_true(x) -> bool:
-    """bool(x) for a concrete value; False under jit (a traced value is not checked)."""
-    try:
-        return bool(x)
-    except jax.errors.ConcretizationTypeError:
-        return False
-
-
 def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False,
                 no_persistent: bool = False) -> tuple[Stream, StreamState]:
     """This call's :class:`Stream` and the state after it.
@@ -145,7 +137,7 @@ def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False,
         size differs from the ids', or (outside jit) persistent ids under ``no_persistent``.
     """
     s = _check_ids(segment_ids_BT).astype(jnp.int32)
-    if no_persistent and _concretely_true(jnp.any(s == PERSISTENT_SEGMENT_ID)):
+    if no_persistent and is_concrete(s) and bool(jnp.any(s == PERSISTENT_SEGMENT_ID)):
         raise ValueError(f"segment id {PERSISTENT_SEGMENT_ID} marks the model's own persistent "
                          "tokens, which it feeds itself (LanguageModel.init_state); use ids >= 1 "
                          "for documents and 0 for padding")
