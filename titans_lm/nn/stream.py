@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID, _check_ids, is_concrete
@@ -137,7 +138,8 @@ def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False,
         size differs from the ids', or (outside jit) persistent ids under ``no_persistent``.
     """
     s = _check_ids(segment_ids_BT).astype(jnp.int32)
-    if no_persistent and is_concrete(s) and bool(jnp.any(s == PERSISTENT_SEGMENT_ID)):
+    # numpy, not jnp: under jit a jnp op on a closed-over constant is staged (a tracer)
+    if no_persistent and is_concrete(s) and bool(np.any(np.asarray(s) == PERSISTENT_SEGMENT_ID)):
         raise ValueError(f"segment id {PERSISTENT_SEGMENT_ID} marks the model's own persistent "
                          "tokens, which it feeds itself (LanguageModel.init_state); use ids >= 1 "
                          "for documents and 0 for padding")
