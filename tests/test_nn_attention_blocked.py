@@ -8,7 +8,7 @@ from flax import nnx
 
 from titans_lm.nn.attention import (Attention, KVCache, blocked_window_attention, cache_mask,
                                     dot_product_attention)
-from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID, document_ids
+from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 from titans_lm.nn.stream import fresh_stream_state, make_stream
 
 
@@ -98,19 +98,3 @@ def test_the_module_gives_the_same_output_on_the_banded_and_dense_paths():
         parts.append(y)
     np.testing.assert_allclose(whole, jnp.concatenate(parts, axis=1), rtol=1e-12, atol=1e-13)
 
-
-def test_a_stream_without_persistent_tokens_refuses_persistent_ids():
-    seg = jnp.asarray([[PERSISTENT_SEGMENT_ID, 1, 1]], jnp.int32)
-    with pytest.raises(ValueError, match="persistent tokens"):
-        make_stream(seg, fresh_stream_state(1), no_persistent=True)
-    stream, _ = make_stream(seg, fresh_stream_state(1))
-    assert not stream.no_persistent
-
-
-def test_a_stream_without_persistent_tokens_traces_under_jit_over_closed_over_ids():
-    # Under jit the ids are a closed-over constant: the check must not turn a staged value into
-    # a Python bool (it is skipped there; LanguageModel checks its own inputs).
-    seg = jnp.ones((2, 4), jnp.int32)
-    f = jax.jit(lambda: make_stream(seg, fresh_stream_state(2), fresh=True,
-                                    no_persistent=True)[0].doc_ids)
-    np.testing.assert_array_equal(f(), document_ids(seg))

@@ -99,3 +99,20 @@ def test_bad_input_messages():
     with pytest.raises(ValueError, match="batch_size"):
         fresh_stream_state(0)
     assert isinstance(fresh_stream_state(2), StreamState)
+
+
+def test_a_stream_without_persistent_tokens_refuses_persistent_ids():
+    seg = jnp.asarray([[PERSISTENT_SEGMENT_ID, 1, 1]], jnp.int32)
+    with pytest.raises(ValueError, match="persistent tokens"):
+        make_stream(seg, fresh_stream_state(1), no_persistent=True)
+    stream, _ = make_stream(seg, fresh_stream_state(1))
+    assert not stream.no_persistent
+
+
+def test_a_stream_without_persistent_tokens_traces_under_jit_over_closed_over_ids():
+    # Under jit, ids closed over as a constant are concrete, but a jnp op on them is staged: the
+    # check must not turn a staged value into a Python bool.
+    seg = jnp.ones((2, 4), jnp.int32)
+    f = jax.jit(lambda: make_stream(seg, fresh_stream_state(2), fresh=True,
+                                    no_persistent=True)[0].doc_ids)
+    np.testing.assert_array_equal(f(), document_ids(seg))
