@@ -35,8 +35,9 @@ size) and MFU against T.
 
 ``--abstract``: compile the train step against abstract inputs only (no state is allocated, nothing
 runs) and report its memory analysis: how the paper sizes fit an accelerator (``--fit_gib``).
-On CPU the estimate of the unrolled layer loop does not reflect block remat (measured; see
-``titans_lm.models.remat``), so it is an upper bound of what a device needs.
+The train step is compiled as training compiles it (with the options under which ``model.remat``
+holds on the CPU, :func:`titans_lm.models.remat.compiler_options`), so the estimate shows the
+policy.
 
 Sizes: ``tiny`` or a config size; ``125m`` means the Transformer++ 125m and, for the memory
 backbones (whose smallest paper size is 170m), their ``170m``. ``--chunks`` overrides
@@ -223,7 +224,7 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
     xla = {}
     if "train" in modes:
         step_fn = jit_train_step(fns, tx, schedule, state_shardings(fns, tx, mesh), mesh,
-                                 compute_dtype=cfg.train.compute_dtype)
+                                 compute_dtype=cfg.train.compute_dtype, remat=m.get("remat", "none"))
         row["train"], compiled = lower_and_compile(step_fn, abstract_state(fns, tx, mesh), spec)
         xla["train"] = xla_flops(compiled)
         if not abstract:

@@ -35,7 +35,8 @@ def small_model_cfg(name: str, dtype: str = "float64", **changes):
     m = load_config(name).model
     m.vocab_size, m.d_model, m.n_layers, m.d_ff = VOCAB, 32, 2, 64
     m.dtype, m.param_dtype = dtype, dtype
-    m.memory.head_dim = 16
+    if "memory" in m:
+        m.memory.head_dim = 16
     if "n_heads" in m:
         m.n_heads = 2
     if "window" in m:

@@ -8,6 +8,7 @@ from flax import nnx
 
 from titans_lm.models import build_model, count_params
 from titans_lm.models.lm import LanguageModel
+from titans_lm.models.remat import compiler_options
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.init import AXIS_NAMES
 
@@ -140,7 +141,8 @@ def test_remat_block_matches_no_remat():
         m = build_model(_cfg(remat=remat), rngs=nnx.Rngs(3))
         gdef, params, rest = nnx.split(m, nnx.Param, ...)
         f = lambda p: nnx.merge(gdef, p, rest)(tok, seg).sum()
-        grads.append(jax.jit(jax.grad(f))(params))
+        # the recomputation kept in the compiled program (remat's CPU compiler options)
+        grads.append(jax.jit(jax.grad(f), compiler_options=compiler_options(remat, "cpu"))(params))
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 

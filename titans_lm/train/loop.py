@@ -355,7 +355,7 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
     T = int(cfg.data.seq_len)
     state_sh = state_shardings(fns, tx, mesh, carry_of(cfg))
     step_fn = jit_train_step(fns, tx, schedule, state_sh, mesh, grad_accum=tcfg.grad_accum,
-                             compute_dtype=tcfg.compute_dtype)
+                             compute_dtype=tcfg.compute_dtype, remat=cfg.model.get("remat", "none"))
     batch_spec = {k: jax.ShapeDtypeStruct((tcfg.batch_size, T + 1), np.int32,
                                           sharding=shd.batch_sharding(mesh))
                   for k in ("tokens", "segment_ids") + (("loss_mask",) if cfg.data.get("task") else ())}

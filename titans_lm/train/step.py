@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from titans_lm.models.remat import compiler_options
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import ModelFns, TrainState
 
@@ -172,17 +173,19 @@ def eval_step(params: Any, batch: Batch, *, fns: ModelFns) -> tuple[jax.Array, j
 
 def jit_train_step(fns: ModelFns, tx: optax.GradientTransformation, schedule: optax.Schedule,
                    state_sh: TrainState, mesh: Mesh, *, grad_accum: int = 1,
-                   compute_dtype: str = "float32") -> Callable:
+                   compute_dtype: str = "float32", remat: str = "none") -> Callable:
     """``train_step`` bound to its static arguments and jitted with shardings; the state is
     donated (its buffers are reused for the new state). The step is traced under ``mesh``
     (:func:`titans_lm.train.sharding.traced_under`), so the memory layers' Pallas kernels run
-    per shard."""
+    per shard. ``remat``: the model's remat policy name, for the compiler options under which it
+    holds on the mesh's backend (:func:`titans_lm.models.remat.compiler_options`)."""
     fn = functools.partial(train_step, fns=fns, tx=tx, schedule=schedule, grad_accum=grad_accum,
                            compute_dtype=compute_dtype,
                            micro_sharding=NamedSharding(mesh, P(None, shd.BATCH_AXES)))
     rep = shd.replicated(mesh)
+    options = compiler_options(remat, mesh.devices.flat[0].platform)
     return jax.jit(shd.traced_under(mesh, fn), in_shardings=(state_sh, shd.batch_sharding(mesh)),
-                   out_shardings=(state_sh, rep), donate_argnums=0)
+                   out_shardings=(state_sh, rep), donate_argnums=0, compiler_options=options)
 
 
 def jit_eval_step(fns: ModelFns, params_sh: Any, mesh: Mesh) -> Callable:
