@@ -6,13 +6,27 @@
   otherwise keep every one it compiled, reach the kernel's per-process limit on mappings
   (vm.max_map_count, 65,530 by default) and fail the next compile ("LLVM compilation error:
   Cannot allocate memory") or crash.
+- JAX's persistent compilation cache in `.pytest_cache/jax_compilation_cache`, shared by both
+  workers and every subprocess a test starts (set through the environment, so children inherit
+  it). Many end-to-end tests train one configuration several times (train, resume, train
+  again); each call traces a new closure, and without the cache XLA compiled the same program
+  again each time. A cache hit returns the executable XLA built for the identical HLO and
+  compile options, so results are unchanged. The cache is capped (LRU eviction, which also makes
+  JAX lock the directory between processes) and may be deleted at any time;
+  `TITANS_LM_TEST_COMPILATION_CACHE=0` turns it off.
 """
 
 import gc
 import os
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("TITANS_LM_TEST_COMPILATION_CACHE", "1") != "0":
+    _cache = Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax_compilation_cache"
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_cache))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
