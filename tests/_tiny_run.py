@@ -54,9 +54,15 @@ def cli_args(cache_dir: str | Path, workdir: str | Path, **changes) -> list[str]
             + [f"--workdir={workdir}"])
 
 
+def one_device_env(**extra: str) -> dict:
+    """The environment of a CLI subprocess: one CPU device, the suite's compile flags (conftest)."""
+    return {**os.environ, "XLA_FLAGS": os.environ.get("TITANS_LM_TEST_COMPILE_FLAGS", ""),
+            "JAX_PLATFORMS": "cpu", **extra}
+
+
 def run_cli(args: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     """Run ``python -m titans_lm.cli <args>`` on one CPU device."""
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    env = one_device_env()
     return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=kw.pop("cwd", REPO), **kw)
 

@@ -14,13 +14,20 @@
   compile options, so results are unchanged. The cache is capped (LRU eviction, which also makes
   JAX lock the directory between processes) and may be deleted at any time;
   `TITANS_LM_TEST_COMPILATION_CACHE=0` turns it off.
+- XLA:CPU's LLVM back end at -O0 (`TITANS_LM_TEST_COMPILE_FLAGS`, also given to the CLI
+  subprocesses). The suite's programs are tiny and run a few steps, so compiling dominates; -O0
+  changes only the machine code's speed (the HLO passes, fusion and memory planning are the
+  same), and every comparison in the suite is between programs built alike or to a tolerance.
+  `TITANS_LM_TEST_COMPILE_FLAGS=""` runs the suite on fully optimised code.
 """
 
 import gc
 import os
 from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TITANS_LM_TEST_COMPILE_FLAGS", "--xla_backend_optimization_level=0")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      + os.environ["TITANS_LM_TEST_COMPILE_FLAGS"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ.get("TITANS_LM_TEST_COMPILATION_CACHE", "1") != "0":
     _cache = Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax_compilation_cache"

@@ -4,7 +4,6 @@ WikiText-2. Test size: tinyshakespeare, vocabulary 320, 64-token windows, d_mode
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import sys
 import pytest
 
 from _backbones import BACKBONES, REPO
+from _tiny_run import one_device_env
 
 OVERRIDES = {
     "data.corpus": "tinyshakespeare", "data.vocab_size": 320, "model.vocab_size": 320,
@@ -27,16 +27,14 @@ PER_BACKBONE = {"mac": {"model.n_heads": 2, "model.segment_len": 32},
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    """A data cache (tokenizer, token stores) and an XLA compilation cache (the rerun finds its
-    train and validation steps compiled) shared by the runs."""
-    return tmp_path_factory.mktemp("data_cache"), tmp_path_factory.mktemp("xla_cache")
+    """A data cache (tokenizer, token stores) shared by the runs (the suite's compilation cache,
+    set in conftest, lets the rerun find its train and validation steps compiled)."""
+    return tmp_path_factory.mktemp("data_cache")
 
 
-def _run(args, xla_cache):
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu",
-           "JAX_COMPILATION_CACHE_DIR": str(xla_cache)}
+def _run(args):
     return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=REPO)
+                          text=True, timeout=600, env=one_device_env(), cwd=REPO)
 
 
 @pytest.mark.slow
@@ -45,21 +43,21 @@ def test_train_checkpoint_resume_eval(name, shared, tmp_path):
     """Train 4 steps (checkpoints at 2 and 4), drop the step-4 checkpoint as if the run had been
     stopped after step 2, rerun: it resumes at step 2, repeats steps 3-4 with the same losses
     (the same compiled step, from the compilation cache), and evaluates."""
-    data_cache, xla_cache = shared
+    data_cache = shared
     workdir = tmp_path / name
     overrides = {**OVERRIDES, **PER_BACKBONE.get(name, {}), "data.cache_dir": data_cache}
     args = [f"--config={REPO / 'configs' / f'{name}.py'}:tiny", f"--workdir={workdir}",
             "--config.train.steps=4"]
     args += [f"--config.{k}={v}" for k, v in overrides.items()]
 
-    p = _run(["train", *args, "--eval_after=false"], xla_cache)
+    p = _run(["train", *args, "--eval_after=false"])
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"model {name}:" in p.stderr and "parameters" in p.stderr
     first = _train_losses(workdir)
     assert sorted(first) == [1, 2, 3, 4] and all(math.isfinite(v) for v in first.values())
     shutil.rmtree(workdir / "checkpoints" / "4")
 
-    p = _run(["train", *args], xla_cache)  # resumes, then evaluates (--eval_after)
+    p = _run(["train", *args])  # resumes, then evaluates (--eval_after)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resuming from the checkpoint at step 2" in p.stderr
     again = _train_losses(workdir)

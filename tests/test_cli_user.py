@@ -5,14 +5,13 @@ messages that lead with the cause. Every test goes through ``python -m titans_lm
 import re
 import json
 import lzma
-import os
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from _tiny_run import REPO, cli_args, run_cli
+from _tiny_run import REPO, cli_args, one_device_env, run_cli
 
 LMM_CONFIG = REPO / "configs" / "lmm.py"
 pytestmark = pytest.mark.slow  # one 6-step training run shared by the module, then CLI calls
@@ -133,7 +132,7 @@ def test_different_backbone_is_refused_leading_with_the_name(run):
 def test_sigterm_during_the_final_evaluation(run):
     root, corpus, args, _ = run
     # the run is complete: train does nothing, then evaluates it again; stop that evaluation
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    env = one_device_env()
     proc = subprocess.Popen([sys.executable, "-m", "titans_lm.cli", "train"] + args, cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []

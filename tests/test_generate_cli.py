@@ -3,7 +3,6 @@ Transformer++ run of ``_tiny_run`` (trained once for the module, on a private co
 that the tokenizer's source can be taken away)."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,24 +10,20 @@ import sys
 import numpy as np
 import pytest
 
-from _tiny_run import REPO, cli_args
+from _tiny_run import REPO, cli_args, one_device_env
 
 pytestmark = pytest.mark.slow
-XLA_CACHE = {}
 
 
 def run_cli(args):
-    """``python -m titans_lm.cli <args>`` on one CPU device, sharing a compilation cache."""
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu",
-           "JAX_COMPILATION_CACHE_DIR": XLA_CACHE["dir"]}
+    """``python -m titans_lm.cli <args>`` on one CPU device (the suite's compilation cache)."""
     return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=REPO)
+                          text=True, timeout=300, env=one_device_env(), cwd=REPO)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("gen")
-    XLA_CACHE["dir"] = str(root / "xla")
     data = root / "data"
     shutil.copytree(REPO / "data" / "tinyshakespeare", data / "tinyshakespeare")
     workdir = root / "run"

@@ -11,7 +11,7 @@ import sys
 import jax
 import pytest
 
-from _tiny_run import REPO, cli_args, run_cli, tiny_config, tree_max_abs_diff
+from _tiny_run import REPO, cli_args, one_device_env, run_cli, tiny_config, tree_max_abs_diff
 from titans_lm.train import integrity
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import (Checkpointer, CheckpointError, CheckpointSaveError,
@@ -170,8 +170,7 @@ def test_sigkill_during_an_async_save_resumes_from_the_newest_complete(run6, tmp
     killer = tmp_path / "killer.py"
     killer.write_text(KILLER)
     args = ["train", *cli_args(root / "cache", tmp_path / "run"), "--noeval_after"]
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "KILL_AT_STEP": "6",
-           "PYTHONPATH": str(REPO)}
+    env = one_device_env(KILL_AT_STEP="6", PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, str(killer), *args], capture_output=True, text=True,
                        timeout=240, env=env, cwd=REPO)
     assert p.returncode == -9, p.stderr
@@ -270,7 +269,7 @@ def test_kill_and_resume_soak_ends_with_the_uninterrupted_parameters(run6, tmp_p
     sigs = [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, signal.SIGTERM, signal.SIGKILL]
     rng.shuffle(sigs)
     args = ["train", *cli_args(root / "cache", tmp_path / "soak", **changes), "--noeval_after"]
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    env = one_device_env()
     for t, s in zip(targets, sigs):
         code, log = _run_until(args, env, t, s)
         assert code == (-9 if s == signal.SIGKILL else 143), log

@@ -1,7 +1,6 @@
 """The training loop: exact resume, logging, validation, non-finite loss, signals, config checks."""
 
 import json
-import os
 import signal
 import time
 
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _tiny_run import cli_args, run_cli, tiny_config, tree_max_abs_diff
+from _tiny_run import cli_args, one_device_env, run_cli, tiny_config, tree_max_abs_diff
 from titans_lm.train import sharding as shd
 from titans_lm.train import step as step_module
 from titans_lm.train.checkpoint import Checkpointer
@@ -91,7 +90,7 @@ def test_sigterm_saves_and_rerun_finishes(tmp_path):
     args = ["train"] + cli_args(tmp_path / "cache", tmp_path / "run", train__steps=400,
                                 train__ckpt_every=1000, train__eval_every=1000,
                                 train__log_every=5) + ["--noeval_after"]
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    env = one_device_env()
     import subprocess
     import sys
     proc = subprocess.Popen([sys.executable, "-m", "titans_lm.cli", *args], env=env,
