@@ -16,8 +16,9 @@
   `TITANS_LM_TEST_COMPILATION_CACHE=0` turns it off.
 - XLA:CPU's LLVM back end at -O0 (`TITANS_LM_TEST_COMPILE_FLAGS`, also given to the CLI
   subprocesses). The suite's programs are tiny and run a few steps, so compiling dominates; -O0
-  changes only the machine code's speed (the HLO passes, fusion and memory planning are the
-  same), and every comparison in the suite is between programs built alike or to a tolerance.
+  is the LLVM code generation's level (the tiny LMM train step's memory plan is byte-identical
+  under both), and every comparison in the suite is between programs built alike or to a
+  tolerance.
   `TITANS_LM_TEST_COMPILE_FLAGS=""` runs the suite on fully optimised code.
 """
 

@@ -5,13 +5,11 @@ WikiText-2. Test size: tinyshakespeare, vocabulary 320, 64-token windows, d_mode
 import json
 import math
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from _backbones import BACKBONES, REPO
-from _tiny_run import one_device_env
+from _tiny_run import run_cli
 
 OVERRIDES = {
     "data.corpus": "tinyshakespeare", "data.vocab_size": 320, "model.vocab_size": 320,
@@ -33,8 +31,7 @@ def shared(tmp_path_factory):
 
 
 def _run(args):
-    return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
-                          text=True, timeout=600, env=one_device_env(), cwd=REPO)
+    return run_cli(args, timeout=600)
 
 
 @pytest.mark.slow

@@ -4,21 +4,19 @@ that the tokenizer's source can be taken away)."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from _tiny_run import REPO, cli_args, one_device_env
+import _tiny_run
+from _tiny_run import REPO, cli_args
 
 pytestmark = pytest.mark.slow
 
 
 def run_cli(args):
     """``python -m titans_lm.cli <args>`` on one CPU device (the suite's compilation cache)."""
-    return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
-                          text=True, timeout=300, env=one_device_env(), cwd=REPO)
+    return _tiny_run.run_cli(args, timeout=300)
 
 
 @pytest.fixture(scope="module")
