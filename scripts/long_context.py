@@ -2,19 +2,24 @@
 
     python scripts/long_context.py                                   # every backbone, MQAR, 300 steps
     python scripts/long_context.py --backbones=transformer,lmm --tasks=mqar --steps=200
-    python scripts/long_context.py --tasks=niah --context=carry      # once the stateful path exists
+    python scripts/long_context.py --tasks=niah --context=reset,carry --window=32
 
 For each task x backbone, ``titans-lm train --config=configs/tasks/<task>.py:<backbone>`` runs in
 its own process with the same shape overrides (``--d_model``, ``--n_layers``; ``n_heads`` = d_model
 // 32 where the backbone has attention heads), seed, batch, learning-rate schedule and number of
 steps, so every model sees exactly the same rows. Then the task accuracy of every run is measured
 over the task config's evaluation grid (``titans_lm.eval.tasks.evaluate_task``; MQAR: accuracy per
-query at each (length, pairs); S-NIAH: exact match at each (length, depth)) in ``--context``:
+query at each (length, pairs); S-NIAH: exact match at each (length, depth)) in each context of
+``--context`` (comma-separated; one table each):
 
 - ``reset`` (default): windows of the training length scored independently; rows longer than the
   window lose everything before their last window (the no-memory floor);
 - ``whole``: one parallel call over the whole row (the training path at a longer length);
 - ``carry``: the window-by-window stateful path (needs the stateful model API).
+
+``--window`` sets the attention window of every backbone that has one (the SWA control's, MAG's
+and MAL's ``model.window``, MAC's ``model.segment_len``), so a memory is asked to recall beyond
+it within the training length; Transformer++ keeps full attention.
 
 ``--max_length`` skips longer settings (e.g. ``--max_length=256`` keeps only lengths within the
 training window, where all three contexts agree). Rerunning with the same ``--out`` resumes
@@ -22,7 +27,7 @@ unfinished runs from their checkpoints and reuses finished ones.
 
 Writes ``<out>/results.md`` (one table per task: a row per backbone, a column per setting, plus
 the final training loss and parameters), ``<out>/results.json`` (every record) and
-``<out>/<task>_<context>.png`` (heat map: backbone x setting); prints the JSON.
+``<out>/<task>_<context>.png`` (heat map: backbone x setting, per context); prints the JSON.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 BACKBONES = ("transformer", "swa", "ttt_linear", "lmm", "mac", "mag", "mal")
 TASKS = ("mqar", "niah")
+CONTEXTS = ("reset", "whole", "carry")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,13 +59,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab_size", type=int, default=None,
                    help="task vocabulary (default: the task config's; MQAR 8192, S-NIAH 1024)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--context", default="reset", choices=("reset", "whole", "carry"))
+    p.add_argument("--context", default="reset", type=contexts,
+                   help="comma-separated evaluation contexts: reset, whole, carry (one table each)")
+    p.add_argument("--window", type=int, default=None,
+                   help="attention window of every backbone that has one (model.window of swa, "
+                        "mag, mal; model.segment_len of mac); Transformer++ keeps full attention")
     p.add_argument("--max_length", type=int, default=None, help="skip longer eval settings")
     p.add_argument("--eval_examples", type=int, default=None, help="rows per eval setting")
     p.add_argument("--out", default="runs/long_context")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="extra override for every run, e.g. --set=task.train_pairs=(8,16)")
     return p.parse_args(argv)
+
+
+def contexts(text: str) -> tuple[str, ...]:
+    """Parses ``--context``: comma-separated names of ``titans_lm.eval.tasks`` contexts.
+
+    Raises:
+      argparse.ArgumentTypeError: an empty list or an unknown name.
+    """
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in CONTEXTS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a comma-separated list of {', '.join(CONTEXTS)}")
+    return names
 
 
 def overrides(args, backbone: str, task: str) -> dict[str, object]:
@@ -75,6 +99,11 @@ def overrides(args, backbone: str, task: str) -> dict[str, object]:
                             "mesh.data": 1}
     if "n_heads" in model:
         o["model.n_heads"] = max(1, args.d_model // 32)
+    if args.window is not None:
+        if model.get("window", 0) > 0:
+            o["model.window"] = args.window
+        if "segment_len" in model:
+            o["model.segment_len"] = args.window
     if args.lr is not None:
         o["optim.lr"] = args.lr
     if args.vocab_size is not None:
@@ -111,24 +140,30 @@ def setting_label(r: dict) -> str:
     return f"{r['length']}/{r['pairs']}p" if "pairs" in r else f"{r['length']}@{r['depth']:g}%"
 
 
-def write_results(out: Path, results: list[dict], context: str) -> str:
+def write_results(out: Path, results: list[dict], contexts: tuple[str, ...]) -> str:
+    """Writes ``results.md`` (a table per task and context), ``results.json`` and the heat maps.
+
+    Returns the markdown.
+    """
     md = []
     for task in dict.fromkeys(r["task"] for r in results):
-        rows = [r for r in results if r["task"] == task]
         metric = "token_acc" if task == "mqar" else "exact_match"
-        labels = list(dict.fromkeys(setting_label(x) for r in rows for x in r.get("records", [])))
-        md += [f"### {task}: {metric} (%), context {context}", "",
-               "| backbone | params | final train loss | " + " | ".join(labels) + " |",
-               "|---|---:|---:|" + "---:|" * len(labels)]
-        for r in rows:
-            cell = {setting_label(x): f"{100 * x[metric]:.1f}" for x in r.get("records", [])}
-            loss = "-" if r.get("final_train_loss") is None else f"{r['final_train_loss']:.3f}"
-            status = "" if r["status"] == "ok" else f" ({r['status']})"
-            md.append(f"| {r['backbone']}{status} | {r.get('params', '-')} | {loss} | "
-                      + " | ".join(cell.get(lab, "-") for lab in labels) + " |")
-        md.append("")
-        plot_comparison(out / f"{task}_{context}.png", rows, labels, metric,
-                        f"{task} {metric} (%), context {context}")
+        for context in contexts:
+            rows = [{**r, "records": [x for x in r.get("records", []) if x["context"] == context]}
+                    for r in results if r["task"] == task]
+            labels = list(dict.fromkeys(setting_label(x) for r in rows for x in r["records"]))
+            md += [f"### {task}: {metric} (%), context {context}", "",
+                   "| backbone | params | final train loss | " + " | ".join(labels) + " |",
+                   "|---|---:|---:|" + "---:|" * len(labels)]
+            for r in rows:
+                cell = {setting_label(x): f"{100 * x[metric]:.1f}" for x in r["records"]}
+                loss = "-" if r.get("final_train_loss") is None else f"{r['final_train_loss']:.3f}"
+                status = "" if r["status"] == "ok" else f" ({r['status']})"
+                md.append(f"| {r['backbone']}{status} | {r.get('params', '-')} | {loss} | "
+                          + " | ".join(cell.get(lab, "-") for lab in labels) + " |")
+            md.append("")
+            plot_comparison(out / f"{task}_{context}.png", rows, labels, metric,
+                            f"{task} {metric} (%), context {context}")
     text = "\n".join(md)
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -181,9 +216,12 @@ def main(argv=None) -> int:
                    "final_train_loss": final_train_loss(workdir)}
             if rc == 0:
                 try:
-                    recs = evaluate_task(workdir, context=args.context, max_length=args.max_length,
-                                         log=lambda m: print(m, file=sys.stderr, flush=True))
-                    row["records"] = recs
+                    row["records"] = [
+                        rec for context in args.context
+                        for rec in evaluate_task(workdir, context=context,
+                                                 max_length=args.max_length,
+                                                 log=lambda m: print(m, file=sys.stderr,
+                                                                     flush=True))]
                     row["params"] = count_params(workdir)
                 except ValueError as e:
                     row["status"] = f"eval failed: {e}"

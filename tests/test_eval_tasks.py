@@ -142,3 +142,7 @@ def test_task_run_trains_resumes_exactly_and_evaluates(tmp_path):
     whole = tasks.evaluate_task(tmp_path / "a", context="whole", max_length=64,
                                 log=lambda m: None)
     assert whole[0]["token_acc"] == recs[0]["token_acc"]  # one window: the two modes agree
+    # Full attention streams through a KV cache of the training length (model.max_context unset)
+    carry = tasks.evaluate_task(tmp_path / "a", context="carry", log=lambda m: None)
+    assert [r["length"] for r in carry] == [64, 128]
+    assert carry[0]["token_acc"] == recs[0]["token_acc"]  # one window: carry starts like reset

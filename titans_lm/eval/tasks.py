@@ -270,7 +270,9 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
     Args:
       workdir: a run trained with ``data.task`` set.
       step: the checkpoint (default: the newest).
-      context: "reset", "whole" or "carry" (default: the config's ``task.eval_context``).
+      context: "reset", "whole" or "carry" (default: the config's ``task.eval_context``). In
+        "carry", full attention (Transformer++) streams through a KV cache of ``model.max_context``
+        tokens, the training length unless set (:func:`titans_lm.eval.evaluate.with_max_context`).
       max_length: skip settings longer than this (e.g. "whole" attention at 16K on a CPU).
       log: message sink.
 
@@ -287,6 +289,7 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
     import jax.numpy as jnp
 
     from titans_lm.data.tasks import eval_settings
+    from titans_lm.eval.evaluate import with_max_context
     from titans_lm.train.checkpoint import Checkpointer
     from titans_lm.train.state import model_fns
 
@@ -295,6 +298,11 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
     try:
         step = ckpt.resolve_step(step)
         cfg = ckpt.read_config(step)
+        context = context or cfg.task.get("eval_context", "reset")
+        if context not in CONTEXTS:
+            raise ValueError(f"unknown context {context!r}; valid: {', '.join(CONTEXTS)}")
+        if context == "carry":  # full attention streams through a KV cache of the training length
+            cfg = with_max_context(cfg, None)
         fns = model_fns(cfg.model)
         one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
@@ -302,9 +310,6 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
         params, step = ckpt.restore_params(abstract, step)
     finally:
         ckpt.close()
-    context = context or cfg.task.get("eval_context", "reset")
-    if context not in CONTEXTS:
-        raise ValueError(f"unknown context {context!r}; valid: {', '.join(CONTEXTS)}")
     window = int(cfg.data.seq_len)
     if context == "carry":
         fn = JittedStateful(fns, params)

@@ -1,0 +1,54 @@
+"""The long-context comparison script (``scripts/long_context.py``): its per-backbone overrides,
+its context list and its tables, without training."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from _backbones import REPO
+
+_spec = importlib.util.spec_from_file_location("long_context", REPO / "scripts" / "long_context.py")
+long_context = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = long_context
+_spec.loader.exec_module(long_context)
+
+
+def test_window_sets_every_attention_window_but_full_attention():
+    args = long_context.parse_args(["--window=32", "--d_model=64", "--set=data.seq_len=64"])
+    o = {b: long_context.overrides(args, b, "mqar") for b in long_context.BACKBONES}
+    for b in ("swa", "mag", "mal"):
+        assert o[b]["model.window"] == 32 and "model.segment_len" not in o[b]
+    assert o["mac"]["model.segment_len"] == 32 and "model.window" not in o["mac"]
+    for b in ("transformer", "ttt_linear", "lmm"):
+        assert "model.window" not in o[b] and "model.segment_len" not in o[b]
+    assert all(o[b]["data.seq_len"] == "64" for b in o)
+    plain = long_context.overrides(long_context.parse_args([]), "swa", "mqar")
+    assert "model.window" not in plain
+
+
+def test_contexts_parse_and_refuse_unknown_names(capsys):
+    assert long_context.parse_args(["--context=reset,carry"]).context == ("reset", "carry")
+    assert long_context.parse_args([]).context == ("reset",)
+    with pytest.raises(SystemExit):
+        long_context.parse_args(["--context=reset,stream"])
+    assert "reset, whole, carry" in capsys.readouterr().err
+
+
+def test_one_table_per_context(tmp_path):
+    def rec(context, length, acc):
+        return {"task": "mqar", "context": context, "length": length, "pairs": 16,
+                "token_acc": acc}
+    results = [{"task": "mqar", "backbone": "lmm", "status": "ok", "final_train_loss": 0.5,
+                "params": 10, "records": [rec("reset", 64, 0.9), rec("reset", 128, 0.4),
+                                          rec("carry", 64, 0.9), rec("carry", 128, 0.8)]},
+               {"task": "mqar", "backbone": "transformer", "status": "eval failed: x",
+                "final_train_loss": 0.6}]
+    md = long_context.write_results(tmp_path, results, ("reset", "carry"))
+    reset, carry = md.split("### mqar: token_acc (%), context carry")
+    assert "context reset" in reset and "| lmm | 10 | 0.500 | 90.0 | 40.0 |" in reset
+    assert "| lmm | 10 | 0.500 | 90.0 | 80.0 |" in carry
+    assert "| transformer (eval failed: x) | - | 0.600 | - | - |" in carry
+    assert (tmp_path / "mqar_reset.png").is_file() and (tmp_path / "mqar_carry.png").is_file()
+    assert json.loads((tmp_path / "results.json").read_text()) == results
