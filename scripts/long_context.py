@@ -41,9 +41,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from titans_lm.eval.tasks import CONTEXTS  # noqa: E402  (numpy only; jax loads on first use)
+
 BACKBONES = ("transformer", "swa", "ttt_linear", "lmm", "mac", "mag", "mal")
 TASKS = ("mqar", "niah")
-CONTEXTS = ("reset", "whole", "carry")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
