@@ -146,3 +146,20 @@ def test_task_run_trains_resumes_exactly_and_evaluates(tmp_path):
     carry = tasks.evaluate_task(tmp_path / "a", context="carry", log=lambda m: None)
     assert [r["length"] for r in carry] == [64, 128]
     assert carry[0]["token_acc"] == recs[0]["token_acc"]  # one window: carry starts like reset
+    # `titans-lm eval --context=both` of a task run: each context's records, carry as above
+    both = evaluate(tmp_path / "a", context="both", log=lambda m: None)["task"]["records"]
+    assert [r["context"] for r in both] == ["reset", "reset", "carry", "carry"]
+    assert both[:2] == recs and both[2:] == carry
+    with pytest.raises(ValueError, match="eval cannot override --config.model.d_model"):
+        tasks.evaluate_task(tmp_path / "a", overrides={"model.d_model": "8"}, log=lambda m: None)
+    # A damaged newest checkpoint is named and the previous complete one used (as for perplexity)
+    params_file = sorted(p for p in (tmp_path / "a" / "checkpoints" / "2" / "state").glob(
+        "params.*/*") if p.is_file() and not p.name.startswith("."))[0]
+    params_file.write_bytes(b"x")
+    said = []
+    fell_back = tasks.evaluate_task(tmp_path / "a", max_length=64, log=said.append)
+    assert [r["step"] for r in fell_back] == [1]
+    assert any("checkpoint step 2" in m and "is damaged" in m for m in said), said
+    from titans_lm.train.checkpoint import DamagedCheckpointError
+    with pytest.raises(DamagedCheckpointError, match="refusing to use it"):
+        tasks.evaluate_task(tmp_path / "a", bad_checkpoint="refuse", log=lambda m: None)

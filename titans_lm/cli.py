@@ -54,10 +54,11 @@ _WIKITEXT = flags.DEFINE_boolean(
 _OUT = flags.DEFINE_string("out", None, "plot: the PNG to write (default: <workdir>/curves.png "
                            "for one run, curves.png here for several).")
 _CONTEXT = flags.DEFINE_enum(
-    "context", "reset", ["reset", "carry", "both"],
+    "context", None, ["reset", "carry", "both"],
     "eval: reset = every window from the initial state (as in training); carry = each document "
     "streamed window after window with the model's state carried (Transformer++: a sliding "
-    "context of seq_len tokens); both = the two side by side.")
+    "context of seq_len tokens); both = the two side by side. Default: reset (a synthetic-task "
+    "run: its config's task.eval_context).")
 _BY_POSITION = flags.DEFINE_boolean(
     "by_position", False, "eval: mean token loss in log-spaced within-document position buckets "
     "(per --context mode; documents streamed to their end): by_position_*.json and a PNG in the "
@@ -204,7 +205,7 @@ def _train(argv) -> int:
                          f"{result.step}) is saved: run `titans-lm eval --workdir={workdir}` to "
                          f"evaluate it")
         # A run trained with the state carried is scored both ways: its point is the carry mode.
-        context = "both" if cfg.train.get("carry_state", False) else "reset"
+        context = "both" if cfg.train.get("carry_state", False) else None
         evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value, context=context)
     return 0
 
@@ -223,7 +224,7 @@ def _eval(argv) -> int:
     if _BY_POSITION.value or _ABLATE_AT.value is not None:
         from titans_lm.eval.by_position_eval import evaluate_by_position
         evaluate_by_position(workdir, split=_SPLIT.value, step=_STEP.value, text_file=_TEXT.value,
-                             context=_CONTEXT.value,
+                             context=_CONTEXT.value or "reset",
                              by_position=_BY_POSITION.value, ablate_at=_ABLATE_AT.value,
                              max_tokens=_MAX_TOKENS.value, overrides=_EVAL_OVERRIDES)
         return 0

@@ -241,7 +241,7 @@ def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
 
 
 def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = None,
-             step: int | None = None, *, wikitext: bool = True, context: str = "reset",
+             step: int | None = None, *, wikitext: bool = True, context: str | None = None,
              log: Log = print, progress: bool = True, overrides: dict[str, str] | None = None,
              bad_checkpoint: str = "fallback") -> dict[str, dict[str, Any]]:
     """Score a trained run on held-out text.
@@ -253,7 +253,9 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       step: the checkpoint to load (default: the newest).
       wikitext: also score WikiText-2's ``split`` (when ``text_file`` is None).
       context: "reset" (every window from the initial state), "carry" (documents streamed with
-        the state carried, ``titans_lm.eval.streaming``) or "both".
+        the state carried, ``titans_lm.eval.streaming``) or "both"; None: "reset". A run trained
+        on a synthetic task is scored by :func:`titans_lm.eval.tasks.evaluate_task` instead
+        (accuracy on its answers), in each of these contexts; None: its ``task.eval_context``.
       overrides: ``{field: value text}`` applied to the checkpoint's config
         (:func:`titans_lm.cli_config.apply_eval_overrides`).
       log: message sink. progress: show progress bars.
@@ -276,8 +278,12 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     from titans_lm.eval.tasks import evaluate_task, is_task_run
 
     if is_task_run(workdir, step):  # a synthetic task: accuracy on its answers, not perplexity
-        return {"task": {"records": evaluate_task(workdir, step, log=log)}}
-    modes = context_modes(context)
+        records = []
+        for mode in (context_modes(context) if context is not None else (None,)):
+            records += evaluate_task(workdir, step, context=mode, log=log, overrides=overrides,
+                                     bad_checkpoint=bad_checkpoint)
+        return {"task": {"records": records}}
+    modes = context_modes(context or "reset")
     workdir = Path(workdir).resolve()
     if jax.process_index() != 0:  # one process speaks for a multi-process evaluation
         log, progress = (lambda msg: None), False

@@ -263,18 +263,27 @@ def eval_batches_for(cfg, setting: dict, *, n_examples: int, batch_size: int
 
 
 def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str | None = None,
-                  max_length: int | None = None, log: Callable[[str], None] = print
+                  max_length: int | None = None, log: Callable[[str], None] = print,
+                  overrides: dict[str, str] | None = None, bad_checkpoint: str = "fallback"
                   ) -> list[dict[str, Any]]:
     """Task accuracy of the run in ``workdir`` over its config's evaluation grid.
+
+    The checkpoint is restored by :func:`titans_lm.eval.evaluate.load_run`, as for perplexity:
+    the saved config with ``overrides`` applied and validated, a damaged newest checkpoint named
+    and the previous complete one used (``bad_checkpoint="fallback"``).
 
     Args:
       workdir: a run trained with ``data.task`` set.
       step: the checkpoint (default: the newest).
       context: "reset", "whole" or "carry" (default: the config's ``task.eval_context``). In
-        "carry", full attention (Transformer++) streams through a KV cache of ``model.max_context``
-        tokens, the training length unless set (:func:`titans_lm.eval.evaluate.with_max_context`).
+        "reset" and "carry", full attention (Transformer++) keeps ``model.max_context`` tokens,
+        the training length unless set (:func:`titans_lm.eval.evaluate.with_max_context`): carry
+        streams through a KV cache of that many tokens. "whole" attends over the whole row.
       max_length: skip settings longer than this (e.g. "whole" attention at 16K on a CPU).
       log: message sink.
+      overrides: ``{field: value text}`` applied to the checkpoint's config
+        (:func:`titans_lm.cli_config.apply_eval_overrides`).
+      bad_checkpoint: "fallback" or "refuse" (:func:`titans_lm.eval.evaluate.load_run`).
 
     Returns:
       one record per setting (``length``, ``pairs`` or ``depth``, ``context`` and the counts and
@@ -282,34 +291,32 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
       table (``.md``) and heat map (``.png``).
 
     Raises:
-      ValueError: an unknown context, or "carry" with a model that has no stateful API.
+      ValueError: an unknown context, an override evaluation cannot apply, or "carry" with a
+        model that has no stateful API.
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
     """
     import jax
     import jax.numpy as jnp
 
     from titans_lm.data.tasks import eval_settings
-    from titans_lm.eval.evaluate import with_max_context
-    from titans_lm.train.checkpoint import Checkpointer
+    from titans_lm.eval.evaluate import load_run
     from titans_lm.train.state import model_fns
 
+    if context is not None and context not in CONTEXTS:
+        raise ValueError(f"unknown context {context!r}; valid: {', '.join(CONTEXTS)}")
     workdir = Path(workdir).resolve()
-    ckpt = Checkpointer(workdir, read_only=True)
-    try:
-        step = ckpt.resolve_step(step)
-        cfg = ckpt.read_config(step)
-        context = context or cfg.task.get("eval_context", "reset")
-        if context not in CONTEXTS:
-            raise ValueError(f"unknown context {context!r}; valid: {', '.join(CONTEXTS)}")
-        if context == "carry":  # full attention streams through a KV cache of the training length
-            cfg = with_max_context(cfg, None)
+    run = load_run(workdir, step, overrides=overrides, bad_checkpoint=bad_checkpoint,
+                   log=lambda m: log(m) if jax.process_index() == 0 else None)
+    cfg, fns, params, step = run.cfg, run.fns, run.params, run.step
+    context = context or cfg.task.get("eval_context", "reset")
+    if context not in CONTEXTS:
+        raise ValueError(f"task.eval_context {context!r} is not a context; valid: "
+                         f"{', '.join(CONTEXTS)}")
+    if context == "whole" and "max_context" in cfg.model:
+        # one call over the whole row: full attention unbounded unless the saved config bounds it
+        # (the field changes no parameter, so the restored ones serve the rebuilt model)
+        cfg.model.max_context = int(run.saved_cfg.model.get("max_context", 0) or 0)
         fns = model_fns(cfg.model)
-        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
-                                fns.abstract_params())
-        params, step = ckpt.restore_params(abstract, step)
-    finally:
-        ckpt.close()
     window = int(cfg.data.seq_len)
     if context == "carry":
         fn = JittedStateful(fns, params)
