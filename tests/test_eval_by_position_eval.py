@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from _documents import random_docs
 from _tiny_run import REPO, tiny_config
@@ -22,7 +21,7 @@ from titans_lm.eval.streaming import StatefulLM, make_carry_step, score_document
 from titans_lm.memory.layer import MemoryState
 from titans_lm.models.mac import MACState
 from titans_lm.train import sharding as shd
-from titans_lm.train.state import _build, model_fns
+from titans_lm.train.state import init_params, model_fns
 
 T = 16
 VOCAB = 64
@@ -59,7 +58,7 @@ def _model(name, **changes):
     for k, v in changes.items():
         m[k] = v
     fns = model_fns(m)
-    params = nnx.to_pure_dict(nnx.split(_build(m, 0), nnx.Param, ...)[1])
+    params = init_params(m, 0)
     return fns, params
 
 

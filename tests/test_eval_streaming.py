@@ -6,7 +6,6 @@ import importlib.util
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from _documents import random_docs
 from _tiny_run import REPO
@@ -15,7 +14,7 @@ from titans_lm.eval.streaming import (StatefulLM, assign_rows, make_carry_step,
                                       score_documents_carry, stream_batches, stream_rows)
 from titans_lm.eval.windows import num_windows
 from titans_lm.train import sharding as shd
-from titans_lm.train.state import _build, model_fns
+from titans_lm.train.state import init_params, model_fns
 
 T = 16
 VOCAB = 64
@@ -84,7 +83,7 @@ def _model(name, **changes):
     for k, v in changes.items():
         m[k] = v
     fns = model_fns(m)
-    params = nnx.to_pure_dict(nnx.split(_build(m, 0), nnx.Param, ...)[1])
+    params = init_params(m, 0)
     return fns, params
 
 

@@ -19,7 +19,7 @@ from titans_lm.config import validate
 from titans_lm.train import sharding as shd
 from titans_lm.train.carry import batch_leaves, model_state_shardings
 from titans_lm.train.checkpoint import config_differences, config_to_json_dict
-from titans_lm.train.state import model_fns
+from titans_lm.train.state import init_params, model_fns
 from titans_lm.train.step import carried_nll_sum, loss_sums, split_batch
 
 T = 64  # window; memory chunk 16, MAC segment 32, attention window 24 (tests/_backbones.py)
@@ -57,9 +57,7 @@ def models():
     with jax.enable_x64(True):
         for name in ("transformer", "lmm", "mac", "mag"):
             fns = model_fns(_model_cfg(name))
-            from titans_lm.train.state import _build
-            from flax import nnx
-            params = nnx.to_pure_dict(nnx.split(_build(_model_cfg(name), 3), nnx.Param, ...)[1])
+            params = init_params(_model_cfg(name), 3)
             out[name] = (fns, params)
     return out
 

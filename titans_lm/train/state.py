@@ -92,6 +92,12 @@ def _build(model_cfg: ml_collections.ConfigDict, seed: int) -> nnx.Module:
         return build_model(model_cfg, rngs=nnx.Rngs(seed))
 
 
+def init_params(model_cfg: ml_collections.ConfigDict, seed: int) -> Any:
+    """The parameters a run with ``seed`` starts from, as a pure dict (the values
+    :func:`init_state` places in its shardings; on the default device here)."""
+    return nnx.to_pure_dict(nnx.split(_build(model_cfg, seed), nnx.Param, ...)[1])
+
+
 def model_fns(model_cfg: ml_collections.ConfigDict) -> ModelFns:
     """Describe the model of ``model_cfg`` without allocating its parameters."""
     with nnx.use_eager_sharding(False):
@@ -191,7 +197,7 @@ def init_state(model_cfg: ml_collections.ConfigDict, fns: ModelFns,
     Parameter values depend on ``seed`` only, not on the mesh (JAX's partitionable threefry).
     """
     def init() -> TrainState:
-        params = nnx.to_pure_dict(nnx.split(_build(model_cfg, seed), nnx.Param, ...)[1])
+        params = init_params(model_cfg, seed)
         key = jax.random.fold_in(jax.random.key(seed), 1)  # distinct from the init stream
         model_state = carry.init_fn(fns)(params) if carry.batch_size else None
         return TrainState(params=params, opt_state=tx.init(params),

@@ -1,0 +1,109 @@
+"""MQAR pair sensitivity of trained runs and of the same models at initialisation.
+
+    python scripts/recall_probe.py RUN [RUN ...] [--length=64] [--pairs=8] [--min_distance=33]
+
+For each MQAR run (a workdir of ``titans-lm train --config=configs/tasks/mqar.py:<backbone>`` or
+of ``scripts/long_context.py``), the held-out rows its evaluation uses at ``--length`` with
+``--pairs`` pairs are scored in one parallel call, and each query whose pair's value lies at
+least ``--min_distance`` tokens back is probed (``titans_lm.eval.recall.pair_sensitivity``): how
+much the query's logits move when its own pair's value is replaced (``own``) and when a
+neighbouring pair's value is (``other``), relative to the logits' spread. Choose
+``--min_distance`` beyond every attention window and convolution of the runs compared (default
+33: past a 32-token window and a 4-token convolution), so that what remains passes through a
+memory. ``--init`` (default on) also probes the parameters the run started from (its config and
+``train.seed``): whether the memory's writes reach the output at all before training.
+
+Prints one JSON line per run and state, then a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="workdirs of MQAR runs")
+    p.add_argument("--length", type=int, default=64, help="row length (the training length)")
+    p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--rows", type=int, default=64, help="held-out rows")
+    p.add_argument("--min_distance", type=int, default=33)
+    p.add_argument("--init", action=argparse.BooleanOptionalAction, default=True,
+                   help="also probe the run's initial parameters")
+    return p.parse_args(argv)
+
+
+def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_distance: int,
+              init: bool) -> list[dict]:
+    """Records for the run's checkpoint (``state`` "trained") and, with ``init``, its initial
+    parameters (``state`` "init").
+
+    Raises:
+      ValueError: a run not trained on MQAR.
+      titans_lm.train.checkpoint.CheckpointError: no usable checkpoint.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from titans_lm.eval.evaluate import load_run
+    from titans_lm.eval.recall import pair_sensitivity
+    from titans_lm.eval.tasks import eval_batches_for
+    from titans_lm.train.state import init_params
+
+    run = load_run(workdir, log=lambda m: print(m, file=sys.stderr))
+    cfg = run.cfg
+    if cfg.data.get("task", "") != "mqar":
+        raise ValueError(f"{workdir}: not an MQAR run (data.task is {cfg.data.get('task', '')!r})")
+    batches = eval_batches_for(cfg, {"length": length, "pairs": pairs}, n_examples=rows,
+                               batch_size=rows)
+    tokens, mask = batches[0]["tokens"], batches[0]["loss_mask"]
+    states = [("trained", run.params, run.step)]
+    if init:
+        states.append(("init", init_params(cfg.model, int(cfg.train.seed)), 0))
+    out = []
+    for name, params, step in states:
+        fn = jax.jit(lambda x, p=params: run.fns.apply(p, x, jnp.ones_like(x)))
+        r = pair_sensitivity(fn, tokens, mask, pairs, int(cfg.data.vocab_size),
+                             min_distance=min_distance, batch_size=32)
+        out.append({"run": str(workdir), "model": cfg.model.name, "state": name, "step": step,
+                    "length": length, "pairs": pairs, "min_distance": min_distance, **r})
+    return out
+
+
+def format_table(records: list[dict]) -> str:
+    lines = ["| run | model | state | queries | own (median) | other (median) | own / other |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for r in records:
+        run = Path(r["run"])
+        lines.append(f"| {run.parent.name}/{run.name} | {r['model']} | {r['state']} | {r['n_queries']} | "
+                     f"{r['own_median']:.2e} | {r['other_median']:.2e} | {r['selectivity']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from titans_lm.train.checkpoint import CheckpointError
+    records = []
+    for wd in args.runs:
+        try:
+            recs = probe_run(wd, length=args.length, pairs=args.pairs, rows=args.rows,
+                             min_distance=args.min_distance, init=args.init)
+        except (ValueError, CheckpointError) as e:
+            print(f"recall_probe: {e}", file=sys.stderr)
+            return 2
+        for r in recs:
+            print(json.dumps(r), flush=True)
+        records += recs
+    print(format_table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
