@@ -217,12 +217,9 @@ def main(argv=None) -> int:
                    "final_train_loss": final_train_loss(workdir)}
             if rc == 0:
                 try:
-                    row["records"] = [
-                        rec for context in args.context
-                        for rec in evaluate_task(workdir, context=context,
-                                                 max_length=args.max_length,
-                                                 log=lambda m: print(m, file=sys.stderr,
-                                                                     flush=True))]
+                    row["records"] = evaluate_task(
+                        workdir, context=args.context, max_length=args.max_length,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
                     row["params"] = count_params(workdir)
                 except ValueError as e:
                     row["status"] = f"eval failed: {e}"

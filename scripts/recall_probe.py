@@ -67,10 +67,11 @@ def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_di
     states = [("trained", run.params, run.step)]
     if init:
         states.append(("init", init_params(cfg.model, int(cfg.train.seed)), 0))
+    apply = jax.jit(lambda p, x: run.fns.apply(p, x, jnp.ones_like(x)))  # compiled once
     out = []
     for name, params, step in states:
-        fn = jax.jit(lambda x, p=params: run.fns.apply(p, x, jnp.ones_like(x)))
-        r = pair_sensitivity(fn, tokens, mask, pairs, int(cfg.data.vocab_size),
+        r = pair_sensitivity(lambda x, p=params: apply(p, x), tokens, mask, pairs,
+                             int(cfg.data.vocab_size),
                              min_distance=min_distance, batch_size=32)
         out.append({"run": str(workdir), "model": cfg.model.name, "state": name, "step": step,
                     "length": length, "pairs": pairs, "min_distance": min_distance, **r})

@@ -278,11 +278,10 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     from titans_lm.eval.tasks import evaluate_task, is_task_run
 
     if is_task_run(workdir, step):  # a synthetic task: accuracy on its answers, not perplexity
-        records = []
-        for mode in (context_modes(context) if context is not None else (None,)):
-            records += evaluate_task(workdir, step, context=mode, log=log, overrides=overrides,
-                                     bad_checkpoint=bad_checkpoint)
-        return {"task": {"records": records}}
+        modes = context_modes(context) if context is not None else None
+        return {"task": {"records": evaluate_task(workdir, step, context=modes, log=log,
+                                                  overrides=overrides,
+                                                  bad_checkpoint=bad_checkpoint)}}
     modes = context_modes(context or "reset")
     workdir = Path(workdir).resolve()
     if jax.process_index() != 0:  # one process speaks for a multi-process evaluation

@@ -262,23 +262,24 @@ def eval_batches_for(cfg, setting: dict, *, n_examples: int, batch_size: int
             for i in range(0, n_examples, batch_size)]
 
 
-def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str | None = None,
-                  max_length: int | None = None, log: Callable[[str], None] = print,
-                  overrides: dict[str, str] | None = None, bad_checkpoint: str = "fallback"
-                  ) -> list[dict[str, Any]]:
+def evaluate_task(workdir: str | Path, step: int | None = None, *,
+                  context: str | Sequence[str] | None = None, max_length: int | None = None,
+                  log: Callable[[str], None] = print, overrides: dict[str, str] | None = None,
+                  bad_checkpoint: str = "fallback") -> list[dict[str, Any]]:
     """Task accuracy of the run in ``workdir`` over its config's evaluation grid.
 
-    The checkpoint is restored by :func:`titans_lm.eval.evaluate.load_run`, as for perplexity:
-    the saved config with ``overrides`` applied and validated, a damaged newest checkpoint named
-    and the previous complete one used (``bad_checkpoint="fallback"``).
+    The checkpoint is restored once, by :func:`titans_lm.eval.evaluate.load_run`, as for
+    perplexity: the saved config with ``overrides`` applied and validated, a damaged newest
+    checkpoint named and the previous complete one used (``bad_checkpoint="fallback"``).
 
     Args:
       workdir: a run trained with ``data.task`` set.
       step: the checkpoint (default: the newest).
-      context: "reset", "whole" or "carry" (default: the config's ``task.eval_context``). In
-        "reset" and "carry", full attention (Transformer++) keeps ``model.max_context`` tokens,
-        the training length unless set (:func:`titans_lm.eval.evaluate.with_max_context`): carry
-        streams through a KV cache of that many tokens. "whole" attends over the whole row.
+      context: "reset", "whole" or "carry", or a sequence of them (each scored in turn; default:
+        the config's ``task.eval_context``). In "reset" and "carry", full attention
+        (Transformer++) keeps ``model.max_context`` tokens, the training length unless set
+        (:func:`titans_lm.eval.evaluate.with_max_context`): carry streams through a KV cache of
+        that many tokens. "whole" attends over the whole row.
       max_length: skip settings longer than this (e.g. "whole" attention at 16K on a CPU).
       log: message sink.
       overrides: ``{field: value text}`` applied to the checkpoint's config
@@ -286,9 +287,9 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
       bad_checkpoint: "fallback" or "refuse" (:func:`titans_lm.eval.evaluate.load_run`).
 
     Returns:
-      one record per setting (``length``, ``pairs`` or ``depth``, ``context`` and the counts and
-      rates of :func:`answer_accuracy`), also written to ``<workdir>/task_<context>.json`` with the
-      table (``.md``) and heat map (``.png``).
+      one record per setting and context (``length``, ``pairs`` or ``depth``, ``context`` and the
+      counts and rates of :func:`answer_accuracy`), also written per context to
+      ``<workdir>/task_<context>.json`` with the table (``.md``) and heat map (``.png``).
 
     Raises:
       ValueError: an unknown context, an override evaluation cannot apply, or "carry" with a
@@ -296,25 +297,41 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *, context: str 
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
     """
     import jax
-    import jax.numpy as jnp
 
-    from titans_lm.data.tasks import eval_settings
     from titans_lm.eval.evaluate import load_run
-    from titans_lm.train.state import model_fns
 
-    if context is not None and context not in CONTEXTS:
-        raise ValueError(f"unknown context {context!r}; valid: {', '.join(CONTEXTS)}")
+    contexts = [context] if context is None or isinstance(context, str) else list(context)
+    for c in contexts:
+        if c is not None and c not in CONTEXTS:
+            raise ValueError(f"unknown context {c!r}; valid: {', '.join(CONTEXTS)}")
     workdir = Path(workdir).resolve()
     run = load_run(workdir, step, overrides=overrides, bad_checkpoint=bad_checkpoint,
                    log=lambda m: log(m) if jax.process_index() == 0 else None)
-    cfg, fns, params, step = run.cfg, run.fns, run.params, run.step
-    context = context or cfg.task.get("eval_context", "reset")
-    if context not in CONTEXTS:
-        raise ValueError(f"task.eval_context {context!r} is not a context; valid: "
+    default = run.cfg.task.get("eval_context", "reset")
+    if default not in CONTEXTS:
+        raise ValueError(f"task.eval_context {default!r} is not a context; valid: "
                          f"{', '.join(CONTEXTS)}")
+    records = []
+    for c in contexts:
+        records += _evaluate_context(run, c or default, workdir, max_length, log)
+    return records
+
+
+def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | None,
+                      log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """:func:`evaluate_task` of one context on a restored run (``LoadedRun``)."""
+    import jax
+    import jax.numpy as jnp
+    import ml_collections
+
+    from titans_lm.data.tasks import eval_settings
+    from titans_lm.train.state import model_fns
+
+    cfg, fns, params, step = run.cfg, run.fns, run.params, run.step
     if context == "whole" and "max_context" in cfg.model:
         # one call over the whole row: full attention unbounded unless the saved config bounds it
         # (the field changes no parameter, so the restored ones serve the rebuilt model)
+        cfg = ml_collections.ConfigDict(cfg.to_dict())
         cfg.model.max_context = int(run.saved_cfg.model.get("max_context", 0) or 0)
         fns = model_fns(cfg.model)
     window = int(cfg.data.seq_len)
