@@ -163,3 +163,13 @@ def test_task_run_trains_resumes_exactly_and_evaluates(tmp_path):
     from titans_lm.train.checkpoint import DamagedCheckpointError
     with pytest.raises(DamagedCheckpointError, match="refusing to use it"):
         tasks.evaluate_task(tmp_path / "a", bad_checkpoint="refuse", log=lambda m: None)
+    # A damaged config in the newest checkpoint: `evaluate` still knows the run is a task run
+    # (from an older checkpoint's config) and the loader falls back, or refuses, as above
+    for f in (tmp_path / "a" / "checkpoints" / "2" / "config").iterdir():
+        f.write_bytes(b"{")
+    said = []
+    fell_back = evaluate(tmp_path / "a", log=said.append)["task"]["records"]
+    assert [r["step"] for r in fell_back] == [1, 1]
+    assert any("checkpoint step 2" in m and "is damaged" in m for m in said), said
+    with pytest.raises(DamagedCheckpointError, match="refusing to use it"):
+        evaluate(tmp_path / "a", bad_checkpoint="refuse", log=lambda m: None)

@@ -240,11 +240,27 @@ def plot_task_heatmap(records: Sequence[dict], path: str | Path, metric: str = "
 # ---------------------------------------------------------------------------------- evaluation
 
 def is_task_run(workdir: str | Path, step: int | None = None) -> bool:
-    """Whether the run in ``workdir`` was trained on a synthetic task (``data.task`` set)."""
-    from titans_lm.train.checkpoint import Checkpointer
+    """Whether the run in ``workdir`` was trained on a synthetic task (``data.task`` set).
+
+    Every checkpoint of a run holds the same data section (resuming refuses a changed one), so
+    without ``step`` the newest checkpoint whose config reads answers: a damaged newest one is
+    left for the loader to name and fall back from, or refuse.
+
+    Raises:
+      titans_lm.train.checkpoint.CheckpointError: no checkpoint (or none for ``step``), or
+        ``step``'s config cannot be read.
+    """
+    from titans_lm.train.checkpoint import Checkpointer, CheckpointError
     ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
     try:
-        return bool(ckpt.read_config(ckpt.resolve_step(step)).data.get("task", ""))
+        candidates = [ckpt.resolve_step(step)] if step is not None else ckpt.steps()[::-1]
+        for i, s in enumerate(candidates):
+            try:
+                return bool(ckpt.read_config(s).data.get("task", ""))
+            except CheckpointError:
+                if i + 1 == len(candidates):
+                    raise
+        raise CheckpointError(f"no checkpoints in {ckpt.directory}")
     finally:
         ckpt.close()
 
