@@ -13,12 +13,18 @@ neighbouring pair's value is (``other``), relative to the logits' spread. Choose
 memory. ``--init`` (default on) also probes the parameters the run started from (its config and
 ``train.seed``): whether the memory's writes reach the output at all before training.
 
+``key cosine``: the mean cosine between the keys of two tokens of one chunk, as every memory
+layer writes them on the probe's unperturbed rows (``titans_lm.eval.recall.chunk_key_cosine``;
+none for a model without a memory). Keys that are all alike store a blur, which no query can
+read one pair from.
+
 Prints one JSON line per run and state, then a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -38,6 +44,43 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--init", action=argparse.BooleanOptionalAction, default=True,
                    help="also probe the run's initial parameters")
     return p.parse_args(argv)
+
+
+@contextlib.contextmanager
+def captured_write_keys(sink: list):
+    """While active, every NeuralMemory write traced from here on also appends its keys
+    float[B, H, T, Dh] to ``sink`` when it runs (a ``jax.debug.callback``; outputs unchanged)."""
+    import jax
+    import numpy as np
+
+    from titans_lm.memory.layer import NeuralMemory
+    original = NeuralMemory.scan
+
+    def scan(self, state, q, k, *args, **kwargs):
+        jax.debug.callback(lambda keys: sink.append(np.asarray(keys)), k)
+        return original(self, state, q, k, *args, **kwargs)
+
+    NeuralMemory.scan = scan
+    try:
+        yield sink
+    finally:
+        NeuralMemory.scan = original
+
+
+def write_key_cosine(apply, params, tokens, chunk_size: int) -> float | None:
+    """Mean :func:`titans_lm.eval.recall.chunk_key_cosine` over the memory writes of one call
+    ``apply(params, tokens)`` (None: the model has no memory; writes shorter than a chunk, such
+    as the persistent prefix, do not count)."""
+    import jax
+    import numpy as np
+
+    from titans_lm.eval.recall import chunk_key_cosine
+    sink: list = []
+    with captured_write_keys(sink):
+        jax.block_until_ready(jax.jit(apply)(params, tokens))
+        jax.effects_barrier()
+    values = [c for c in (chunk_key_cosine(k, chunk_size) for k in sink) if np.isfinite(c)]
+    return float(np.mean(values)) if values else None
 
 
 def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_distance: int,
@@ -68,23 +111,30 @@ def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_di
     if init:
         states.append(("init", init_params(cfg.model, int(cfg.train.seed)), 0))
     apply = jax.jit(lambda p, x: run.fns.apply(p, x, jnp.ones_like(x)))  # compiled once
+    chunk = int(cfg.model.memory.chunk_size) if "memory" in cfg.model else 0
     out = []
     for name, params, step in states:
         r = pair_sensitivity(lambda x, p=params: apply(p, x), tokens, mask, pairs,
                              int(cfg.data.vocab_size),
                              min_distance=min_distance, batch_size=32)
+        cos = (write_key_cosine(lambda p, x: run.fns.apply(p, x, jnp.ones_like(x)), params,
+                                jnp.asarray(tokens[:, :-1]), chunk) if chunk >= 2 else None)
         out.append({"run": str(workdir), "model": cfg.model.name, "state": name, "step": step,
-                    "length": length, "pairs": pairs, "min_distance": min_distance, **r})
+                    "length": length, "pairs": pairs, "min_distance": min_distance, **r,
+                    "key_cosine": cos})
     return out
 
 
 def format_table(records: list[dict]) -> str:
-    lines = ["| run | model | state | queries | own (median) | other (median) | own / other |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| run | model | state | queries | own (median) | other (median) | own / other | "
+             "key cosine |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in records:
         run = Path(r["run"])
+        cos = r.get("key_cosine")
         lines.append(f"| {run.parent.name}/{run.name} | {r['model']} | {r['state']} | {r['n_queries']} | "
-                     f"{r['own_median']:.2e} | {r['other_median']:.2e} | {r['selectivity']:.2f} |")
+                     f"{r['own_median']:.2e} | {r['other_median']:.2e} | {r['selectivity']:.2f} | "
+                     f"{'-' if cos is None else f'{cos:.2f}'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -65,3 +65,19 @@ def test_a_window_or_no_past_shows_nothing_beyond_reach():
     assert blind["own_mean"] == 0.0 and blind["other_mean"] == 0.0
     none = pair_sensitivity(_recaller(), tokens, mask, N, V, min_distance=10 * L)
     assert none["n_queries"] == 0 and math.isnan(none["own_median"])
+
+
+def test_chunk_key_cosine_exact_cases():
+    from titans_lm.eval.recall import chunk_key_cosine
+    same = np.tile(np.array([1.0, 2.0, 0.0]), (1, 1, 8, 1))
+    assert chunk_key_cosine(same, 4) == pytest.approx(1.0)
+    eye = np.eye(4)[None, None]                                 # orthogonal keys in one chunk
+    assert chunk_key_cosine(eye, 4) == pytest.approx(0.0)
+    # Two chunks: one of identical keys (1), one of +e, -e alternating (2 pairs at 1, 4 at -1)
+    alt = np.array([[1.0, 0], [-1, 0], [1, 0], [-1, 0]])
+    keys = np.concatenate([np.tile([[0.0, 3.0]], (4, 1)), alt])[None, None]
+    assert chunk_key_cosine(keys, 4) == pytest.approx((1.0 + (2 - 4) / 6) / 2)
+    assert chunk_key_cosine(keys[:, :, :6], 4) == pytest.approx(1.0)  # the partial chunk is left out
+    assert math.isnan(chunk_key_cosine(keys[:, :, :3], 4))
+    with pytest.raises(ValueError, match="chunk_size >= 2"):
+        chunk_key_cosine(keys[0], 4)

@@ -19,6 +19,9 @@ selectivity) whether it is that pair's value or interference: a model that recal
 The perturbation keeps the row a valid MQAR row up to the query: the replacement is a value id
 (the value half ``[V // 2, V)``), and the answer position (after the query) is not read by the
 query's causal prediction.
+
+Why a memory does not recall can show in what it writes: :func:`chunk_key_cosine` measures how
+alike the keys of one write are (a memory whose keys are all alike stores a blur).
 """
 
 from __future__ import annotations
@@ -118,3 +121,38 @@ def pair_sensitivity(logits_fn: Logits, tokens_BL1: np.ndarray, loss_mask_BL1: n
     return {"n_queries": int(own.size), "own_median": o_med, "other_median": x_med,
             "own_mean": float(own.mean()), "other_mean": float(other.mean()),
             "selectivity": o_med / x_med if x_med > 0 else float("nan")}
+
+
+def chunk_key_cosine(k_BHTD: np.ndarray, chunk_size: int) -> float:
+    """Mean cosine between the keys of two distinct tokens of one chunk, over every chunk, head
+    and row: how alike the keys are that one chunk of the memory's write stores.
+
+    Keys that are all alike (cosine near 1) make the memory a blur: every read returns about the
+    same mixture of the stored values, whatever the query (``own ~ other`` above); the write's
+    stability bound (``titans_lm.memory.config.MemoryConfig.write_gain``) assumes cosine 1, the
+    worst case.
+
+    Args:
+      k_BHTD: keys float[B, H, T, Dh] as the memory writes them; only the T // chunk_size whole
+        chunks count.
+      chunk_size: b >= 2 tokens per chunk.
+
+    Returns:
+      The mean off-diagonal cosine (NaN without a whole chunk).
+
+    Raises:
+      ValueError: for chunk_size < 2 or keys that are not 4-D.
+    """
+    k = np.asarray(k_BHTD, np.float64)
+    if k.ndim != 4 or chunk_size < 2:
+        raise ValueError(f"want keys [B, H, T, Dh] and chunk_size >= 2, got {k.shape} and "
+                         f"{chunk_size}")
+    B, H, T, Dh = k.shape
+    n = T // chunk_size
+    if n == 0:
+        return float("nan")
+    k = k[:, :, :n * chunk_size].reshape(B, H, n, chunk_size, Dh)
+    k = k / np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-30)
+    cos = np.einsum("bhcid,bhcjd->bhcij", k, k)
+    off = ~np.eye(chunk_size, dtype=bool)
+    return float(cos[..., off].mean())
