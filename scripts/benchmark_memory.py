@@ -66,7 +66,8 @@ def main(argv=None):
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
     p.add_argument("--batch", type=int, default=1, help="independent sequences vmapped (batch x heads)")
     p.add_argument("--expansion", type=float, default=4.0, help="MLP hidden width / d")
-    p.add_argument("--chunks-per-checkpoint", type=int, default=1)
+    p.add_argument("--chunks-per-checkpoint", type=int, default=1,
+                   help="chunked engine: chunks per remat group; 0 keeps every chunk's internals")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up call)")
     p.add_argument("--reference-max-T", type=int, default=4096,
                    help="skip the reference above this T: its backward stores the weights of every "

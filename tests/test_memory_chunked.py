@@ -55,6 +55,7 @@ def test_chunk_step_state_after_the_last_valid_token():
 
 
 def test_checkpoint_groups_change_nothing():
+    """Groups of 1 and 3 chunks, and no rematerialisation (0): the same values and gradients."""
     model = MLPMemory(depth=2, expansion=2.0)
     with jax.enable_x64(True):
         P0 = model.init(jax.random.key(0), 4, 4, jnp.float64)
@@ -68,12 +69,13 @@ def test_checkpoint_groups_change_nothing():
             return jnp.sum(reads ** 2) + sum(jnp.sum(p ** 3) for p in P) + sum(jnp.sum(s) for s in S)
 
         out = [jax.jit(jax.value_and_grad(functools.partial(loss, g), argnums=tuple(range(7))))(P0, *args)
-               for g in (1, 3)]
-        for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(out[1])):
-            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+               for g in (1, 3, 0)]
+        for other in out[1:]:
+            for a, b in zip(jax.tree.leaves(out[0]), jax.tree.leaves(other)):
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
-def _backward_temp_bytes(impl, T):
+def _backward_temp_bytes(impl, T, **options):
     model = MLPMemory(depth=2, expansion=2.0)
     d = 16
     P0 = model.init(jax.random.key(0), d, d)
@@ -81,7 +83,7 @@ def _backward_temp_bytes(impl, T):
     args = _inputs(T, d, 0, jnp.float32)
 
     def loss(P0, S0, *a):
-        reads, (P, S) = memory_scan(P0, S0, *a, model=model, chunk_size=16, impl=impl)
+        reads, (P, S) = memory_scan(P0, S0, *a, model=model, chunk_size=16, impl=impl, **options)
         return jnp.sum(reads ** 2) + sum(jnp.sum(p) for p in P)
 
     compiled = jax.jit(jax.grad(loss, argnums=tuple(range(8)))).lower(P0, S0, *args).compile()
@@ -96,3 +98,6 @@ def test_chunked_backward_keeps_only_chunk_boundary_states():
     params_bytes = 2 * 16 * 32 * 4
     assert reference > 4096 * 2 * params_bytes           # >= (P, S) per token
     assert chunked < reference / 10, (chunked, reference)
+    # Without rematerialisation the backward keeps each chunk's internals: more than the states.
+    kept = _backward_temp_bytes("chunked", 4096, chunks_per_checkpoint=0)
+    assert kept > 2 * chunked, (kept, chunked)

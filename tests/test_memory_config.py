@@ -33,6 +33,7 @@ def test_from_a_config_section_one_to_one():
 @pytest.mark.parametrize("field, value, message", [
     ("memory_depth", 5, "memory_depth: must be in 1..4"),
     ("chunk_size", 0, "chunk_size: must be a positive int"),
+    ("chunks_per_checkpoint", -1, r"chunks_per_checkpoint: must be an int >= 0 \(0: no rematerialisation\)"),
     ("gate_style", "mamba", "gate_style: must be one of"),
     ("gate_granularity", "mean", "gate_granularity: must be one of"),
     ("theta_max", 0.0, "theta_max: must be positive"),

@@ -219,7 +219,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="expected 2 parameter arrays"):
         memory_scan(p0, m0, k, v, q, th, et, al, model="mlp", chunk_size=2)
     with pytest.raises(ValueError, match="chunks_per_checkpoint"):
-        call(*args, chunks_per_checkpoint=0)
+        call(*args, chunks_per_checkpoint=-1)
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked", "pallas"])

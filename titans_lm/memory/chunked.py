@@ -269,28 +269,32 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     values and queries and theta = 0 (eta = 1, alpha = 0), its padded reads are dropped, and the
     final state is read off the coefficient row of the last real token, so padding changes nothing.
     ``chunks_per_checkpoint`` chunks form one ``jax.checkpoint`` group (the chunk count is padded
-    with empty chunks that leave the state unchanged): the backward pass stores one state per group.
+    with empty chunks that leave the state unchanged): the backward pass stores one state per group
+    and recomputes the chunk internals. ``chunks_per_checkpoint=0`` turns that off: the backward
+    keeps every chunk's internals (no forward recompute; memory grows with T by those internals).
 
     With ``state_length`` L the scan also carries the state after token L - 1: in chunk c the
     coefficient row of token min(L - c b, b) - 1 gives it from the same gradient factors (one
     more matmul per weight and chunk), kept while c b < L; the initial state for L = 0.
 
     Args:
-      chunks_per_checkpoint: chunks per rematerialisation group (>= 1).
+      chunks_per_checkpoint: chunks per rematerialisation group (>= 1), or 0 for none.
       running_mean: TTT's running-mean reads (see :func:`chunk_step`).
       log_keep: optional [T] log(1 - alpha), used instead of alpha (padded with 0).
       state_length: None (the state after all T tokens) or an int scalar in 0..T, may be traced.
       surprise_max_norm: clip each token's gradient to this norm (0: off; see
         :func:`surprise_scale`).
     Raises:
-      ValueError: for chunks_per_checkpoint < 1.
+      ValueError: for chunks_per_checkpoint < 0.
     """
-    if int(chunks_per_checkpoint) != chunks_per_checkpoint or chunks_per_checkpoint < 1:
-        raise ValueError(f"chunks_per_checkpoint must be a positive integer, got {chunks_per_checkpoint}")
+    if int(chunks_per_checkpoint) != chunks_per_checkpoint or chunks_per_checkpoint < 0:
+        raise ValueError(f"chunks_per_checkpoint must be an integer >= 0 (0: no rematerialisation), "
+                         f"got {chunks_per_checkpoint}")
+    remat = chunks_per_checkpoint > 0
     T = k.shape[0]
     b = chunk_size
     n_chunks = math.ceil(T / b)
-    g = min(int(chunks_per_checkpoint), n_chunks)
+    g = min(max(int(chunks_per_checkpoint), 1), n_chunks)
     n_groups = math.ceil(n_chunks / g)
     total = n_groups * g * b
 
@@ -354,7 +358,10 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
 
     state0 = (tuple(params0), tuple(momentum0))
     carry0 = (state0, state0 if keeping else None)
-    if g == 1:
+    if not remat:
+        step = one_chunk
+        xs = jax.tree.map(lambda x: x[:, 0], xs)
+    elif g == 1:
         step = jax.checkpoint(one_chunk, prevent_cse=False)
         xs = jax.tree.map(lambda x: x[:, 0], xs)
     else:
