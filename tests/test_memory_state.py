@@ -82,14 +82,22 @@ def check_splits(name, splits):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_two_calls_equal_one_call(name):
-    """Splits inside a chunk and at a chunk start (each call compiles once per length, so the
-    full range is the slow test below; one token per call covers every chunk phase)."""
+    """Splits inside a chunk and at a chunk start (each call length compiles once, so the
+    splits are few; the strided calls below and one token per call cover every chunk phase)."""
     check_splits(name, (3, 8) if name == "titans_mlp" else (5,))
 
 
-@pytest.mark.slow
-def test_two_calls_equal_one_call_for_every_split():
-    check_splits("titans_mlp", range(1, T))
+@pytest.mark.parametrize("stride", [3, 5])
+def test_strided_calls_equal_one_call(stride):
+    """Calls of 3 (or 5) tokens, lengths coprime to the chunk of 4: the calls start at every
+    chunk phase, cross chunk starts, documents and padding, with the state carried throughout."""
+    with jax.enable_x64(True):
+        x = x_input()
+        whole, end = run("titans_mlp", x, SEG, [0, T])
+        y, state = run("titans_mlp", x, SEG, [*range(0, T, stride), T])
+        assert max_diff(y, whole) < 1e-12, max_diff(y, whole)
+        for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(end)):
+            np.testing.assert_allclose(got, want, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates"])
