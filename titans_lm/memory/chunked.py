@@ -358,11 +358,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
 
     state0 = (tuple(params0), tuple(momentum0))
     carry0 = (state0, state0 if keeping else None)
-    if not remat:
-        step = one_chunk
-        xs = jax.tree.map(lambda x: x[:, 0], xs)
-    elif g == 1:
-        step = jax.checkpoint(one_chunk, prevent_cse=False)
+    if g == 1:   # always so without remat (chunks_per_checkpoint=0)
+        step = jax.checkpoint(one_chunk, prevent_cse=False) if remat else one_chunk
         xs = jax.tree.map(lambda x: x[:, 0], xs)
     else:
         step = jax.checkpoint(lambda carry, x: jax.lax.scan(one_chunk, carry, x), prevent_cse=False)
