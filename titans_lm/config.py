@@ -53,6 +53,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Stateful training (truncated backprop through time, titans_lm.train.carry): each batch row
     # reads its documents as consecutive windows and the model state is carried from step to step.
     c.train.carry_state = False
+    # Warm start (titans_lm.train.warm_start): "" starts from the seed; a run's workdir starts
+    # from the parameters of its newest checkpoint (fresh optimiser, step 0), e.g. a longer
+    # context after a short one. A run with a checkpoint of its own resumes and ignores it.
+    c.train.init_from = ""
     c.train.log_every = 10
     c.train.eval_every = 250
     c.train.eval_batches = 8
@@ -105,6 +109,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
          f"must be 'float32' or 'bfloat16', got {cfg.train.compute_dtype!r}")
     carry = cfg.train.get("carry_state", False)
     need(isinstance(carry, bool), "train.carry_state", f"must be True or False, got {carry!r}")
+    init_from = cfg.train.get("init_from", "")
+    need(isinstance(init_from, str), "train.init_from",
+         f"must be a run's workdir (a string; \"\" for none), got {init_from!r}")
     streamed = cfg.data.get("streamed", False)
     need(isinstance(streamed, bool), "data.streamed", f"must be True or False, got {streamed!r}")
     need(not carry or cfg.train.grad_accum == 1, "train.carry_state",

@@ -297,11 +297,19 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
                 write_run_data(workdir, data, cfg.data.corpus)
             write_run_config(workdir, cfg)
         if latest is not None:
+            if tcfg.get("init_from", ""):
+                log(f"train.init_from={tcfg.init_from!r} is not used: this run resumes from its "
+                    f"own checkpoint")
             state, it_state, latest = resume_state(ckpt, cfg, abstract_state(fns, tx, mesh, carry),
                                                    bad_checkpoint, log)
             it.set_state(it_state)
         else:
-            state = init_state(cfg.model, fns, tx, mesh, tcfg.seed, carry)
+            params = None
+            if tcfg.get("init_from", ""):
+                from titans_lm.train.warm_start import warm_start_params
+                params = warm_start_params(tcfg.init_from,
+                                           abstract_state(fns, tx, mesh, carry).params, cfg, log)
+            state = init_state(cfg.model, fns, tx, mesh, tcfg.seed, carry, params)
         return _run(cfg, workdir, state, it, ckpt, fns, tx, schedule, mesh, data, stop_at_step,
                     log, progress and primary)
     finally:

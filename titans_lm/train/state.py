@@ -190,17 +190,20 @@ def abstract_state(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh,
 
 def init_state(model_cfg: ml_collections.ConfigDict, fns: ModelFns,
                tx: optax.GradientTransformation, mesh: Mesh, seed: int,
-               carry: Carry = NO_CARRY) -> TrainState:
+               carry: Carry = NO_CARRY, params: Any = None) -> TrainState:
     """Fresh state from ``seed``, created directly in its shardings (one jitted init); with
     ``carry`` the model state a stream of ``carry.batch_size`` rows starts from.
 
     Parameter values depend on ``seed`` only, not on the mesh (JAX's partitionable threefry).
+    ``params`` (a warm start, ``titans_lm.train.warm_start``) replaces them: the optimiser state,
+    step and carried state are built from those as from fresh ones.
     """
-    def init() -> TrainState:
-        params = init_params(model_cfg, seed)
+    def init(params) -> TrainState:
+        if params is None:
+            params = init_params(model_cfg, seed)
         key = jax.random.fold_in(jax.random.key(seed), 1)  # distinct from the init stream
         model_state = carry.init_fn(fns)(params) if carry.batch_size else None
         return TrainState(params=params, opt_state=tx.init(params),
                           step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(key),
                           model_state=model_state)
-    return jax.jit(init, out_shardings=state_shardings(fns, tx, mesh, carry))()
+    return jax.jit(init, out_shardings=state_shardings(fns, tx, mesh, carry))(params)
