@@ -16,16 +16,15 @@ from typing import Any, Callable
 
 import ml_collections
 
-from titans_lm.train.checkpoint import (Checkpointer, CheckpointError, config_to_json_dict,
-                                        _flatten)
+from titans_lm.train.checkpoint import (Checkpointer, CheckpointError, config_differences,
+                                        config_to_json_dict)
 
 
 def _model_differences(saved: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict
                        ) -> list[str]:
-    have = {k: v for k, v in _flatten(config_to_json_dict(saved)).items() if k.startswith("model.")}
-    want = {k: v for k, v in _flatten(config_to_json_dict(cfg)).items() if k.startswith("model.")}
-    return [f"{k}: {have.get(k, '<absent>')!r} -> {want.get(k, '<absent>')!r}"
-            for k in sorted(set(have) | set(want)) if have.get(k, "<absent>") != want.get(k, "<absent>")]
+    """``"field: saved -> requested"`` for each ``model.*`` field that differs (as on resume)."""
+    return [f"{k}: {a!r} -> {b!r}" for k, a, b in
+            config_differences(config_to_json_dict(saved), cfg) if k.startswith("model.")]
 
 
 def warm_start_params(init_from: str | Path, abstract_params: Any, cfg: ml_collections.ConfigDict,
