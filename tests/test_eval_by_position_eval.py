@@ -129,8 +129,11 @@ def test_ablation_changes_only_positions_from_p(x64, name, changes, ablate_at, w
     docs = _docs([3 * T + 1, 2 * T + 5, 5], seed=3)
     step = make_position_step(StatefulLM(fns))
     kw = dict(seq_len=T, batch_size=2, mesh=_mesh())
-    base = carry_losses(*step, params, docs, **kw)
+    base = carry_losses(*step, params, docs, baseline_of_ablation=True, **kw)
     abl = carry_losses(*step, params, docs, ablate_at=ablate_at, **kw)
+    plain = carry_losses(*step, params, docs, **kw)   # the by-position run's own program
+    np.testing.assert_array_equal(base[1], plain[1])
+    np.testing.assert_allclose(base[0], plain[0], rtol=1e-13)
     np.testing.assert_array_equal(base[1], abl[1])
     assert np.isfinite(base[0]).all() and np.isfinite(abl[0]).all()
     before = base[1] < where

@@ -211,8 +211,8 @@ def _put(batch, mesh):
 
 def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
                  docs_tokens: Sequence[np.ndarray], *, seq_len: int, batch_size: int, mesh,
-                 ablate_at: int | None = None, progress: bool = False, desc: str = ""
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 ablate_at: int | None = None, baseline_of_ablation: bool = False,
+                 progress: bool = False, desc: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Per-token losses of the carry run: ``(losses, positions)``, float64 / int64 [N] over every
     scored token (N = the run's token count).
 
@@ -220,6 +220,10 @@ def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
       init_fn, step_fn: from :func:`make_position_step`.
       ablate_at: reset the memories at the window boundary ``ceil(P / T) * T`` of each document
         (None: no ablation).
+      baseline_of_ablation: with ``ablate_at`` None, still pass the step an (all-False)
+        ``ablate`` row mask, so that this unablated run executes the ablated run's own compiled
+        program: its losses before P then equal the ablated run's bit for bit (two programs may
+        round differently, by an ulp).
     """
     n_rows = stream_rows(len(docs_tokens), batch_size, mesh)
     _, n_steps = assign_rows([num_windows(len(t), seq_len) for t in docs_tokens], n_rows)
@@ -230,8 +234,9 @@ def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
               unit="window", leave=False, dynamic_ncols=True) as bar:
         for batch, window, pos in stream_position_batches(docs_tokens, seq_len=seq_len,
                                                           n_rows=n_rows):
-            if w_abl is not None:
-                batch = {**batch, "ablate": window == w_abl}
+            if w_abl is not None or baseline_of_ablation:
+                batch = {**batch, "ablate": (np.zeros(window.shape, bool) if w_abl is None
+                                             else window == w_abl)}
             nll, w, state = step_fn(params, state, _put(batch, mesh))
             w = np.asarray(w)
             losses.append(np.asarray(nll, np.float64)[w])
@@ -373,17 +378,20 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
               f"tokens in windows of {seq_len}", file=sys.stderr, flush=True)
     carry_fns = make_position_step(lm) if ("carry" in modes or ablate_at is not None) else None
     kw = dict(seq_len=seq_len, batch_size=bsz, mesh=mesh, progress=progress)
+    base_kw = dict(kw, baseline_of_ablation=ablate_at is not None)
     runs, results, files, seconds = {}, {}, [], {}
     for mode in modes if by_position else (("carry",) if ablate_at is not None else ()):
         t0 = time.perf_counter()
         if mode == "carry":
-            runs[mode] = carry_losses(*carry_fns, run.params, toks, desc=f"{name} carry", **kw)
+            runs[mode] = carry_losses(*carry_fns, run.params, toks, desc=f"{name} carry",
+                                      **base_kw)
         else:
             runs[mode] = reset_losses(make_reset_losses_fn(run.fns), run.params, toks,
                                       desc=f"{name} reset", **kw)
         seconds[mode] = time.perf_counter() - t0
     if "carry" not in runs and ablate_at is not None:
-        runs["carry"] = carry_losses(*carry_fns, run.params, toks, desc=f"{name} carry", **kw)
+        runs["carry"] = carry_losses(*carry_fns, run.params, toks, desc=f"{name} carry",
+                                     **base_kw)
     if by_position:
         for mode in modes:
             loss, pos = runs[mode]
