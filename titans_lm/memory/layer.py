@@ -51,6 +51,7 @@ from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.scan import check_resets, memory_read, memory_scan
 from titans_lm.nn.channel_scale import channel_scale
+from titans_lm.nn.project import project
 from titans_lm.nn.conv import carried_causal_conv
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 
@@ -251,7 +252,7 @@ class NeuralMemory(nnx.Module):
         new_tails = []
 
         def qkv(w, conv, tail):
-            y = jnp.einsum("btd,dhk->bthk", xc, w[...].astype(cdt))
+            y = project(xc, w[...].astype(cdt))  # einsum btd,dhk->bthk
             if cfg.use_conv:
                 y, new_tail = carried_causal_conv(y, conv[...].astype(y.dtype), stream.positions,
                                                   tail, tail_at)
@@ -407,9 +408,9 @@ class NeuralMemory(nnx.Module):
         r = channel_scale(jnp.transpose(r, (0, 2, 1, 3)).astype(cdt),
                           self.norm_scale[...].astype(cdt))
         if cfg.use_output_gate:
-            gate = jnp.einsum("btd,dhk->bthk", x_BTD.astype(cdt), self.w_gate[...].astype(cdt))
+            gate = project(x_BTD.astype(cdt), self.w_gate[...].astype(cdt))  # btd,dhk->bthk
             r = r * jax.nn.silu(gate)
-        return jnp.einsum("bthk,hkd->btd", r, self.w_out[...].astype(cdt))
+        return project(r, self.w_out[...].astype(cdt), 2)  # einsum bthk,hkd->btd
 
     def init_state(self, batch_size: int) -> MemoryState:
         """The state of a stream that has seen nothing: (W0, 0) at a chunk start, reset to W0,
