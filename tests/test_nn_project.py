@@ -8,7 +8,6 @@ import pytest
 from titans_lm.nn.project import project
 
 
-
 @pytest.fixture
 def x64():
     with jax.enable_x64(True):

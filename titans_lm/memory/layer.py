@@ -51,8 +51,8 @@ from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.scan import check_resets, memory_read, memory_scan
 from titans_lm.nn.channel_scale import channel_scale
-from titans_lm.nn.project import project
 from titans_lm.nn.conv import carried_causal_conv
+from titans_lm.nn.project import project
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 
 State = tuple  # (params: tuple[[B, H, ...]], momentum: tuple[[B, H, ...]])
