@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from titans_lm.nn.init import normal_param
+from titans_lm.nn.project import project
 from titans_lm.nn.rope import apply_rope
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 from titans_lm.nn.stream import Stream
@@ -298,9 +299,9 @@ class Attention(nnx.Module):
         B, T, _ = x_BTD.shape
         dt = self.dtype
         x = x_BTD.astype(dt)
-        q = jnp.einsum("btd,dhk->bthk", x, self.w_q[...].astype(dt))
-        k = jnp.einsum("btd,dhk->bthk", x, self.w_k[...].astype(dt))
-        v = jnp.einsum("btd,dhk->bthk", x, self.w_v[...].astype(dt))
+        q = project(x, self.w_q[...].astype(dt))
+        k = project(x, self.w_k[...].astype(dt))
+        v = project(x, self.w_v[...].astype(dt))
         q = apply_rope(q, stream.positions, self.rope_theta)
         k = apply_rope(k, stream.positions, self.rope_theta)
         index_BT = stream.offset + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -318,7 +319,7 @@ class Attention(nnx.Module):
             keys = _concat(slots + recent + [new])
             mask = cache_mask(stream.doc_ids, index_BT, keys, self.context)
             o_BTHK = dot_product_attention(q, keys.k, keys.v, mask)
-        y = jnp.einsum("bthk,hkd->btd", o_BTHK, self.w_o[...].astype(dt))
+        y = project(o_BTHK, self.w_o[...].astype(dt), 2)
         return y, self._update(state, new, stream.fresh)
 
     def _update(self, state: AttentionState, new: KVCache, fresh: bool) -> AttentionState:

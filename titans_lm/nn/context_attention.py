@@ -24,6 +24,7 @@ from flax import nnx
 
 from titans_lm.nn.attention import attention_head_dim, dot_product_attention, qkvo_params
 from titans_lm.nn.init import normal_param
+from titans_lm.nn.project import project
 from titans_lm.nn.rope import apply_rope
 
 
@@ -115,20 +116,20 @@ class ContextAttention(nnx.Module):
         dt = self.dtype
         wq, wk, wv = (w[...].astype(dt) for w in (self.w_q, self.w_k, self.w_v))
         x = x_BND.astype(dt)
-        q = apply_rope(jnp.einsum("bnd,dhk->bnhk", x, wq), pos_BN, self.rope_theta)
+        q = apply_rope(project(x, wq), pos_BN, self.rope_theta)
         keys, values = [], []
         if self.n_persistent:
             p_PD = self.persistent[...].astype(dt)
-            k_p = jnp.einsum("pd,dhk->phk", p_PD, wk)  # position 0: no rotation
-            v_p = jnp.einsum("pd,dhk->phk", p_PD, wv)
+            k_p = project(p_PD, wk)  # position 0: no rotation
+            v_p = project(p_PD, wv)
             keys.append(jnp.broadcast_to(k_p, (B,) + k_p.shape))
             values.append(jnp.broadcast_to(v_p, (B,) + v_p.shape))
         aligned = [x] if h_BND is None else [h_BND.astype(dt), x]
         for a in aligned:
-            keys.append(apply_rope(jnp.einsum("bnd,dhk->bnhk", a, wk), pos_BN, self.rope_theta))
-            values.append(jnp.einsum("bnd,dhk->bnhk", a, wv))
+            keys.append(apply_rope(project(a, wk), pos_BN, self.rope_theta))
+            values.append(project(a, wv))
         k = jnp.concatenate(keys, axis=1)
         v = jnp.concatenate(values, axis=1)
         mask = context_mask(doc_BN, self.n_persistent, len(aligned))
         o_BNHK = dot_product_attention(q, k, v, mask)
-        return jnp.einsum("bnhk,hkd->bnd", o_BNHK, self.w_o[...].astype(dt))
+        return project(o_BNHK, self.w_o[...].astype(dt), 2)

@@ -21,6 +21,7 @@ from flax import nnx
 
 from titans_lm.nn.init import normal_param
 from titans_lm.nn.norm import RMSNorm
+from titans_lm.nn.project import project
 
 
 class GatedCombine(nnx.Module):
@@ -53,4 +54,4 @@ class GatedCombine(nnx.Module):
                              f"{y_BTD.shape} and {m_BTD.shape}")
         dt = self.dtype
         gated = self.norm_y(y_BTD.astype(dt)) * jax.nn.sigmoid(self.norm_m(m_BTD.astype(dt)))
-        return jnp.einsum("...d,de->...e", gated, self.w_o[...].astype(dt))
+        return project(gated, self.w_o[...].astype(dt))

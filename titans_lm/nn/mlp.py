@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from titans_lm.nn.init import normal_param
+from titans_lm.nn.project import project
 
 
 class SwiGLU(nnx.Module):
@@ -41,6 +42,6 @@ class SwiGLU(nnx.Module):
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         dt = self.dtype
         x = x_BTD.astype(dt)
-        gate = jnp.einsum("...d,df->...f", x, self.w_gate[...].astype(dt))
-        up = jnp.einsum("...d,df->...f", x, self.w_up[...].astype(dt))
-        return jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, self.w_down[...].astype(dt))
+        gate = project(x, self.w_gate[...].astype(dt))
+        up = project(x, self.w_up[...].astype(dt))
+        return project(jax.nn.silu(gate) * up, self.w_down[...].astype(dt))

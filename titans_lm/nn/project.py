@@ -1,6 +1,13 @@
 """``project(x, w, n_in)``: a linear projection (x's last ``n_in`` axes contracted with w's first
 ``n_in``) whose weight gradient is computed as ``x^T g`` with the activations on the left.
 
+Every projection of activations by a weight goes through it: attention's q/k/v/o
+(:mod:`titans_lm.nn.attention`, :mod:`titans_lm.nn.context_attention`), SwiGLU
+(:mod:`titans_lm.nn.mlp`), the gated output (:mod:`titans_lm.nn.gated_combine`) and the
+NeuralMemory layer's projections (:mod:`titans_lm.memory.layer`). The output head keeps JAX's
+einsum: it produces float32 logits from bfloat16 inputs (``preferred_element_type``), and the
+tied head's weight gradient already has the embedding table's [vocab, d_model] layout.
+
 The plain einsum is exact and JAX differentiates it, but JAX's transpose rule writes the weight
 cotangent as ``g^T x``, and XLA's CPU backend then lays the cotangent ``g`` out transposed,
 [out, tokens]: the fusion that produces ``g`` (for the memory's q/k/v projections: the SiLU,
