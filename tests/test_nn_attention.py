@@ -178,3 +178,40 @@ def test_unbounded_full_attention_cannot_continue_a_stream():
     with pytest.raises(ValueError, match="max_context"):
         attn(x, stream, attn.init_state(1))
     assert attn.init_state(1).recent.k.shape[1] == 0
+
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_gradients_match_plain_reference_float64(window):
+    """The projections' custom backward (titans_lm.nn.project): gradients with respect to the
+    input and the four weights, and a second-order gradient, equal the plain einsum reference's."""
+    with jax.enable_x64(True):
+        attn = _attn(window, param_dtype=jnp.float64, dtype=jnp.float64)
+        graphdef, params, rest = nnx.split(attn, nnx.Param, ...)
+        seg = jnp.asarray(SEGS[1], jnp.int32)
+        x = jax.random.normal(jax.random.key(7), (2, 12, D), jnp.float64)
+        c = jax.random.normal(jax.random.key(8), (2, 12, D), jnp.float64)
+
+        def ours(x, params):
+            return jnp.sum(_call(nnx.merge(graphdef, params, rest), x, seg) * c)
+
+        def plain(x, params):   # _reference's formula, traced
+            wq, wk, wv, wo = (params[n][...] for n in ("w_q", "w_k", "w_v", "w_o"))
+            pos = segment_positions(seg)
+            q = apply_rope(jnp.einsum("btd,dhk->bthk", x, wq), pos, attn.rope_theta)
+            k = apply_rope(jnp.einsum("btd,dhk->bthk", x, wk), pos, attn.rope_theta)
+            v = jnp.einsum("btd,dhk->bthk", x, wv)
+            ids = document_ids(seg)
+            s = jnp.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+            s = jnp.where(attention_mask(ids, ids, window=window), s, -jnp.inf)
+            o = jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(s, axis=-1), v)
+            return jnp.sum(jnp.einsum("bthk,hkd->btd", o, wo) * c)
+
+        np.testing.assert_allclose(ours(x, params), plain(x, params), rtol=1e-12)
+        for g, w in zip(jax.tree.leaves(jax.grad(ours, (0, 1))(x, params)),
+                        jax.tree.leaves(jax.grad(plain, (0, 1))(x, params)), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-13)
+        # Second order: the weights' gradient of the input gradient's squared norm.
+        second = lambda f: jax.grad(lambda p: jnp.sum(jax.grad(f)(x, p) ** 2))(params)  # noqa: E731
+        for g, w in zip(jax.tree.leaves(second(ours)), jax.tree.leaves(second(plain)), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)

@@ -29,3 +29,32 @@ def test_no_biases_and_bfloat16():
     np.testing.assert_array_equal(mlp(jnp.zeros((1, 8))), 0)
     with pytest.raises(ValueError, match="d_ff"):
         SwiGLU(8, 0, rngs=nnx.Rngs(0))
+
+
+
+def test_gradients_match_plain_einsum_float64():
+    """The projections' custom backward (titans_lm.nn.project): first- and second-order gradients
+    equal those of the plain einsum formula."""
+    with jax.enable_x64(True):
+        with nnx.use_eager_sharding(False):
+            mlp = SwiGLU(8, 12, init_std=0.5, dtype=jnp.float64, param_dtype=jnp.float64,
+                         rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(mlp, nnx.Param)
+        x = jax.random.normal(jax.random.key(1), (2, 3, 8), jnp.float64)
+        c = jax.random.normal(jax.random.key(2), (2, 3, 8), jnp.float64)
+
+        def ours(x, params):
+            return jnp.sum(nnx.merge(graphdef, params)(x) * c)
+
+        def plain(x, params):
+            g, u, d = (params[n][...] for n in ("w_gate", "w_up", "w_down"))
+            h = jax.nn.silu(jnp.einsum("btd,df->btf", x, g)) * jnp.einsum("btd,df->btf", x, u)
+            return jnp.sum(jnp.einsum("btf,fd->btd", h, d) * c)
+
+        np.testing.assert_allclose(ours(x, params), plain(x, params), rtol=1e-13)
+        for g, w in zip(jax.tree.leaves(jax.grad(ours, (0, 1))(x, params)),
+                        jax.tree.leaves(jax.grad(plain, (0, 1))(x, params)), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+        second = lambda f: jax.grad(lambda p: jnp.sum(jax.grad(f)(x, p) ** 2))(params)  # noqa: E731
+        for g, w in zip(jax.tree.leaves(second(ours)), jax.tree.leaves(second(plain)), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-13)
