@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from _derivatives import assert_same_derivatives
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID, attention_mask, document_ids, segment_positions
 from titans_lm.nn.rope import apply_rope
@@ -25,22 +26,26 @@ def _call(attn, x, seg):
     return attn(x, stream, attn.init_state(x.shape[0]))[0]
 
 
+def _plain(x, ws, seg, window, rope_theta):
+    """Plain einsum/softmax attention (traceable) with the same mask; ws = (w_q, w_k, w_v, w_o)."""
+    wq, wk, wv, wo = ws
+    pos = segment_positions(seg)
+    q = apply_rope(jnp.einsum("btd,dhk->bthk", x, wq), pos, rope_theta)
+    k = apply_rope(jnp.einsum("btd,dhk->bthk", x, wk), pos, rope_theta)
+    v = jnp.einsum("btd,dhk->bthk", x, wv)
+    ids = document_ids(seg)
+    mask = attention_mask(ids, ids, window=window)  # [B,1,T,T]
+    s = jnp.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+    s = jnp.where(mask, s, -jnp.inf)
+    o = jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(s, axis=-1), v)
+    return jnp.einsum("bthk,hkd->btd", o, wo)
+
+
 def _reference(attn, x, seg, window):
-    """Plain einsum/softmax attention in float64 with the same mask."""
+    """``_plain`` in float64 with the module's weights."""
     with jax.enable_x64(True):
-        x = jnp.asarray(x, jnp.float64)
-        wq, wk, wv, wo = (jnp.asarray(w[...], jnp.float64) for w in (attn.w_q, attn.w_k, attn.w_v, attn.w_o))
-        pos = segment_positions(seg)
-        q = apply_rope(jnp.einsum("btd,dhk->bthk", x, wq), pos, attn.rope_theta)
-        k = apply_rope(jnp.einsum("btd,dhk->bthk", x, wk), pos, attn.rope_theta)
-        v = jnp.einsum("btd,dhk->bthk", x, wv)
-        ids = document_ids(seg)
-        mask = attention_mask(ids, ids, window=window)  # [B,1,T,T]
-        s = jnp.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
-        s = jnp.where(mask, s, -jnp.inf)
-        p = jax.nn.softmax(s, axis=-1)
-        o = jnp.einsum("bhts,bshk->bthk", p, v)
-        return np.asarray(jnp.einsum("bthk,hkd->btd", o, wo))
+        ws = tuple(jnp.asarray(w[...], jnp.float64) for w in (attn.w_q, attn.w_k, attn.w_v, attn.w_o))
+        return np.asarray(_plain(jnp.asarray(x, jnp.float64), ws, seg, window, attn.rope_theta))
 
 
 SEGS = [
@@ -195,23 +200,8 @@ def test_gradients_match_plain_reference_float64(window):
         def ours(x, params):
             return jnp.sum(_call(nnx.merge(graphdef, params, rest), x, seg) * c)
 
-        def plain(x, params):   # _reference's formula, traced
-            wq, wk, wv, wo = (params[n][...] for n in ("w_q", "w_k", "w_v", "w_o"))
-            pos = segment_positions(seg)
-            q = apply_rope(jnp.einsum("btd,dhk->bthk", x, wq), pos, attn.rope_theta)
-            k = apply_rope(jnp.einsum("btd,dhk->bthk", x, wk), pos, attn.rope_theta)
-            v = jnp.einsum("btd,dhk->bthk", x, wv)
-            ids = document_ids(seg)
-            s = jnp.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
-            s = jnp.where(attention_mask(ids, ids, window=window), s, -jnp.inf)
-            o = jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(s, axis=-1), v)
-            return jnp.sum(jnp.einsum("bthk,hkd->btd", o, wo) * c)
+        def plain(x, params):
+            ws = tuple(params[n][...] for n in ("w_q", "w_k", "w_v", "w_o"))
+            return jnp.sum(_plain(x, ws, seg, window, attn.rope_theta) * c)
 
-        np.testing.assert_allclose(ours(x, params), plain(x, params), rtol=1e-12)
-        for g, w in zip(jax.tree.leaves(jax.grad(ours, (0, 1))(x, params)),
-                        jax.tree.leaves(jax.grad(plain, (0, 1))(x, params)), strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-13)
-        # Second order: the weights' gradient of the input gradient's squared norm.
-        second = lambda f: jax.grad(lambda p: jnp.sum(jax.grad(f)(x, p) ** 2))(params)  # noqa: E731
-        for g, w in zip(jax.tree.leaves(second(ours)), jax.tree.leaves(second(plain)), strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+        assert_same_derivatives(ours, plain, x, params)
