@@ -185,7 +185,6 @@ def test_unbounded_full_attention_cannot_continue_a_stream():
     assert attn.init_state(1).recent.k.shape[1] == 0
 
 
-
 @pytest.mark.parametrize("window", [None, 3])
 def test_gradients_match_plain_reference_float64(window):
     """The projections' custom backward (titans_lm.nn.project): gradients with respect to the

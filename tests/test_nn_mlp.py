@@ -32,7 +32,6 @@ def test_no_biases_and_bfloat16():
         SwiGLU(8, 0, rngs=nnx.Rngs(0))
 
 
-
 def test_gradients_match_plain_einsum_float64():
     """The projections' custom backward (titans_lm.nn.project): first- and second-order gradients
     equal those of the plain einsum formula."""
