@@ -55,7 +55,7 @@ def compile_one(fn, args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="benchmark.py engine", description=__doc__.splitlines()[0])
     p.add_argument("--impls", nargs="+", default=["reference", "chunked"])
     p.add_argument("--models", nargs="+", default=["linear", "mlp"], choices=["linear", "mlp"])
     p.add_argument("--d", nargs="+", type=int, default=[64])

@@ -63,7 +63,7 @@ def configurations(models, Ts, ds, chunks):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="benchmark.py pallas", description=__doc__.splitlines()[0])
     parser.add_argument("--impls", nargs="+", default=["chunked", "pallas"])
     parser.add_argument("--models", nargs="+", default=["mlp", "linear"], choices=sorted(MODELS))
     parser.add_argument("--T", nargs="+", type=int, default=list(T_PRIORITY))

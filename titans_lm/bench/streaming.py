@@ -187,7 +187,7 @@ def _ints(s: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="benchmark.py streaming", description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=_ints, default=[10_000, 100_000, 1_000_000],
                    help="stream: document lengths in tokens")
     p.add_argument("--contexts", type=_ints, default=[1024, 16384], help="decode: context lengths")
