@@ -72,3 +72,7 @@ def test_plot_and_script_write_the_figure(tmp_path):
     assert (tmp_path / "fig.png").stat().st_size > 1000
     bad = subprocess.run(plot + [str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 1 and "no by_position" in bad.stderr
+    helped = subprocess.run([sys.executable, "-m", "titans_lm.cli", "plot", "--help"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert helped.returncode == 0 and "--by_position:" in helped.stdout
+    assert "--pattern:" in helped.stdout and "--title:" in helped.stdout
