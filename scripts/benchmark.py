@@ -4,8 +4,15 @@
     python scripts/benchmark.py --backbones all --T 256 1024 4096 16384 --png runs/bench.png
     python scripts/benchmark.py --backbones lmm --chunks 16 64 256 1024 --T 4096
     python scripts/benchmark.py --backbones lmm ttt_mlp --sizes 125m --T 4096 --abstract  # memory only
-    python scripts/benchmark.py engine ...     # the memory engine alone (scripts/benchmark_memory.py)
-    python scripts/benchmark.py pallas ...     # pallas vs chunked (scripts/benchmark_pallas.py)
+    python scripts/benchmark.py --backbones lmm --variants base: guard:memory.surprise_max_norm=1.0 \
+        --vary memory.memory_depth=1,2,3,4          # the memory guard's cost at depths 1..4
+    python scripts/benchmark.py engine ...     # the memory engine alone (titans_lm.bench.engine)
+    python scripts/benchmark.py pallas ...     # pallas vs chunked (titans_lm.bench.pallas)
+    python scripts/benchmark.py streaming ...  # carried-state streaming and decoding
+                                               # (titans_lm.bench.streaming)
+
+The first argument names the target; without one (or with ``model``) the backbones are
+benchmarked as below. ``python scripts/benchmark.py TARGET --help`` lists a target's flags.
 
 Grid: backbone (``configs/<name>.py``) x size x memory impl x chunk size x T, at batch ``--batch``
 (one document per row, random tokens). Every configuration is compiled first (lower and compile
@@ -15,7 +22,7 @@ machine's measured peak is the best rate any of them reached), so that load drif
 machine hits every configuration alike.
 Reported per configuration (one JSON object per line, on stdout and in ``--out``):
 
-- ``flops_per_token``: the analytic forward count (``titans_lm.perf.flops``: ``fwd_model`` the
+- ``flops_per_token``: the analytic forward count (``titans_lm.bench.flops``: ``fwd_model`` the
   architecture's matmuls with causal attention, ``fwd_executed`` what this implementation computes,
   the parts, and ``train_*`` = 3x forward), and ``xla_flops_per_token`` (XLA's ``cost_analysis``
   of the compiled train step and forward, for comparison: it counts elementwise work and remat's
@@ -29,6 +36,11 @@ Reported per configuration (one JSON object per line, on stdout and in ``--out``
 - ``max_rss_bytes``: the process's peak resident memory after the configuration's compile and
   warm-up (getrusage; it only grows, so it bounds every configuration compiled before it).
 
+With more than one ``--variants`` (model-field changes, timed in the same rounds), a line
+``"summary": "variants"`` per variant and configuration compares it with the first variant of the
+same configuration (and the same ``--vary`` point): ``x_median`` and ``x_min`` = the variant's
+step time over the first's, of the medians and of the minima (1.05: 5% slower). ``--vary
+FIELD=V1,V2,...`` (repeatable) crosses every variant with those values of a model field.
 The last line (``"summary": "peak"``) gives the peak and each matmul's median and max GFLOP/s.
 ``--png`` draws tokens/s against T (log-log, one panel per mode, one line per backbone and chunk
 size) and MFU against T.
@@ -48,26 +60,29 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import importlib.util
 import itertools
-import json
 import math
 import os
-import resource
-import runpy
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from titans_lm.bench.output import emit, pyplot  # noqa: E402
+from titans_lm.bench.timing import (Job, lower_and_compile, matmul_rates, max_rss_bytes,  # noqa: E402
+                                    peak_job, ratios, rounds, xla_flops)
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
 MEMORY_BACKBONES = BACKBONES[2:]
+TARGETS = {"engine": "titans_lm.bench.engine", "pallas": "titans_lm.bench.pallas",
+           "streaming": "titans_lm.bench.streaming"}
 
 
 def load_config(backbone: str, size: str):
@@ -81,58 +96,6 @@ def load_config(backbone: str, size: str):
     if size == "125m" and backbone in MEMORY_BACKBONES:
         size = "170m"
     return mod.get_config(size)
-
-
-def memory_fields(mem) -> dict:
-    """XLA's compiled memory analysis as bytes (``peak_estimate_bytes``: see the docstring)."""
-    if mem is None:
-        return {}
-    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-              "alias_size_in_bytes", "generated_code_size_in_bytes")
-    out = {f.removesuffix("_in_bytes") + "_bytes": int(getattr(mem, f, 0) or 0) for f in fields}
-    out["peak_estimate_bytes"] = (out["argument_size_bytes"] + out["output_size_bytes"]
-                                  + out["temp_size_bytes"] - out["alias_size_bytes"])
-    return out
-
-
-def xla_flops(compiled) -> float | None:
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001  (backends without a cost model)
-        return None
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    return float(cost["flops"]) if cost and "flops" in cost else None
-
-
-def lower_and_compile(jitted, *args) -> tuple[dict, Any]:
-    """``({"lower_s", "compile_s", "memory"}, compiled)`` of a jitted function on ``args``."""
-    t0 = time.perf_counter()
-    lowered = jitted.lower(*args)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
-    return ({"lower_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
-             "memory": memory_fields(compiled.memory_analysis())}, compiled)
-
-
-def max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class Job:
-    """One compiled program with its arguments; ``call()`` runs it once, synchronised."""
-
-    def __init__(self, compiled, args, *, carry_state: bool):
-        self.compiled, self.args, self.carry_state, self.times = compiled, list(args), carry_state, []
-
-    def call(self):
-        t0 = time.perf_counter()
-        out = self.compiled(*self.args)
-        jax.block_until_ready(out)
-        self.times.append(time.perf_counter() - t0)
-        if self.carry_state:            # the train step donates its state: keep the new one
-            self.args[0] = out[0]
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -180,7 +143,7 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
           remat: str | None, dtype: str | None, modes: list[str], abstract: bool,
           variant: tuple[str, dict] = ("", {})):
     """Build and compile one configuration. Returns (row, jobs)."""
-    from titans_lm.perf.flops import count_flops
+    from titans_lm.bench.flops import count_flops
     from titans_lm.train import sharding as shd
     from titans_lm.train.optimizer import make_optimizer
     from titans_lm.train.state import (abstract_state, count_params, init_state, model_fns,
@@ -248,19 +211,9 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
                               carry_state=False)
     row["xla_flops_per_token"] = {k: (round(v / (B * T)) if v else None) for k, v in xla.items()}
     for job in jobs.values():
-        job.call()                       # warm-up
-        job.times.clear()
+        job.warm_up()
     row["max_rss_bytes"] = max_rss_bytes()
     return row, jobs
-
-
-def peak_job(n: int) -> Job:
-    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
-    f = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
-    job = Job(f, (a, a), carry_state=False)
-    job.call()
-    job.times.clear()
-    return job
 
 
 def finish(row: dict, jobs: dict, peak_flops: float) -> None:
@@ -278,10 +231,7 @@ def finish(row: dict, jobs: dict, peak_flops: float) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     modes = [m for m in ("train", "fwd") if any("tokens_per_s" in r.get(m, {}) for r in rows)]
     fig, axes = plt.subplots(1, len(modes) + 1, figsize=(6 * (len(modes) + 1), 4.5))
     axes = np.atleast_1d(axes)
@@ -328,6 +278,9 @@ def parse(argv):
     p.add_argument("--variants", nargs="+", default=[""],
                    help="model-field variants timed side by side, NAME:field=value[,...], e.g. "
                         "base: guard:memory.surprise_max_norm=1.0 ('' or NAME: = as configured)")
+    p.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
+                   help="cross every variant with these values of a model field, e.g. "
+                        "memory.memory_depth=1,2,3,4 (repeatable)")
     p.add_argument("--modes", nargs="+", default=["train", "fwd"], choices=["train", "fwd"])
     p.add_argument("--repeats", type=int, default=3, help="round-robin timing rounds")
     p.add_argument("--peak_n", nargs="+", type=int, default=[1024, 2048],
@@ -342,25 +295,62 @@ def parse(argv):
     bad = sorted(set(a.backbones) - set(BACKBONES))
     if bad:
         p.error(f"unknown backbone(s) {bad}; valid: {list(BACKBONES)} or 'all'")
+    try:
+        a.variant_specs = variant_grid(a.variants, a.vary)
+    except ValueError as e:
+        p.error(str(e))
     return a
 
 
-def emit(obj: dict, out) -> None:
-    line = json.dumps(obj)
-    print(line, flush=True)
-    if out:
-        out.write(line + "\n")
-        out.flush()
+def variant_grid(variants: list[str], vary: list[str]) -> list[tuple[str, dict, dict]]:
+    """Every ``--variants`` spec crossed with the ``--vary`` values: ``(name, changes, point)``,
+    ``point`` the ``--vary`` values ({field: value}) that ``changes`` includes.
+
+    Raises:
+      ValueError: a malformed spec.
+    """
+    axes = []
+    for item in vary:
+        field, eq, values = item.partition("=")
+        if not eq or not field or not values:
+            raise ValueError(f"--vary {item!r}: expected FIELD=V1,V2,...")
+        axes.append([(field, parse_variant(f"x:{field}={v}")[1][field])
+                     for v in values.split(",") if v])
+    out = []
+    for spec in variants:
+        name, changes = parse_variant(spec)
+        for point in itertools.product(*axes):
+            out.append((name, {**changes, **dict(point)}, dict(point)))
+    return out
+
+
+def variant_summaries(rows: list[dict], all_jobs: list[dict], first: str) -> list[dict]:
+    """Each variant's step times against the first variant's (same configuration, same --vary
+    point): ``x_median``, ``x_min`` per mode (see the module docstring)."""
+    def key(r):
+        return (r["backbone"], r["size"], r["impl"], r["chunk"], r["T"], repr(r["vary"]))
+
+    base = {key(r): jobs for r, jobs in zip(rows, all_jobs) if r["variant"] == first}
+    out = []
+    for r, jobs in zip(rows, all_jobs):
+        ref = base.get(key(r))
+        if r["variant"] == first or ref is None:
+            continue
+        line = {"summary": "variants", "variant": r["variant"], "against": first,
+                **{k: r[k] for k in ("backbone", "size", "impl", "chunk", "T", "vary")}}
+        for mode, job in jobs.items():
+            if mode in ref:
+                line[mode] = ratios(job.times, ref[mode].times)
+        out.append(line)
+    return out
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("engine", "pallas"):
-        script = ROOT / "scripts" / ("benchmark_memory.py" if argv[0] == "engine" else "benchmark_pallas.py")
-        sys.argv = [str(script)] + argv[1:]
-        sys.path.insert(0, str(script.parent))
-        runpy.run_path(str(script), run_name="__main__")
-        return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in TARGETS:
+        return importlib.import_module(TARGETS[argv[0]]).main(argv[1:]) or 0
+    if argv and argv[0] == "model":
+        argv = argv[1:]
     a = parse(argv)
     out = open(a.out, "a") if a.out else None
     rows, all_jobs = [], []
@@ -369,17 +359,19 @@ def main(argv=None) -> int:
         for size in a.sizes:
             for impl in (a.impls if is_mem else [None]):
                 for chunk in (a.chunks if is_mem else [None]):
-                    for T, variant in itertools.product(a.T, a.variants):
+                    for T, (name, changes, point) in itertools.product(a.T, a.variant_specs):
                         try:
                             row, jobs = setup(backbone, size, T, a.batch, impl=impl, chunk=chunk,
                                               remat=a.remat, dtype=a.dtype, modes=a.modes,
-                                              abstract=a.abstract, variant=parse_variant(variant))
+                                              abstract=a.abstract, variant=(name, changes))
                         except (ValueError, MemoryError, jax.errors.JaxRuntimeError) as e:
                             # a configuration that does not fit (XLA's RESOURCE_EXHAUSTED at the
                             # warm-up call) is reported, and the others still run
                             emit({"backbone": backbone, "size": size, "T": T, "chunk": chunk,
-                                  "impl": impl, "error": f"{type(e).__name__}: {e}"}, out)
+                                  "impl": impl, "variant": name, "vary": point,
+                                  "error": f"{type(e).__name__}: {e}"}, out)
                             continue
+                        row["vary"] = point
                         if a.abstract:
                             mem = row["train"]["memory"]
                             row["fits_gib"] = a.fit_gib
@@ -388,24 +380,20 @@ def main(argv=None) -> int:
                             emit(row, out)
                         rows.append(row)
                         all_jobs.append(jobs)
-                        print(f"# compiled {backbone}:{row['size']} T={T} chunk={row['chunk']} {row['variant']}",
-                              file=sys.stderr, flush=True)
+                        print(f"# compiled {backbone}:{row['size']} T={T} chunk={row['chunk']} "
+                              f"{row['variant']} {point or ''}", file=sys.stderr, flush=True)
     if a.abstract:
         return 0
     peaks = {n: peak_job(n) for n in a.peak_n}
-    for _ in range(a.repeats):
-        for job in peaks.values():
-            job.call()
-        for jobs in all_jobs:
-            for job in jobs.values():
-                job.call()
-        for job in peaks.values():
-            job.call()
-    rates = {n: [2 * n ** 3 / t for t in job.times] for n, job in peaks.items()}
+    rounds([job for jobs in all_jobs for job in jobs.values()], a.repeats, around=peaks.values())
+    rates = matmul_rates(peaks)
     peak_flops = max(max(r) for r in rates.values())
     for row, jobs in zip(rows, all_jobs):
         finish(row, jobs, peak_flops)
         emit(row, out)
+    if len(a.variants) > 1:
+        for line in variant_summaries(rows, all_jobs, a.variant_specs[0][0]):
+            emit(line, out)
     emit({"summary": "peak", "dtype": "float32", "peak_gflops": round(peak_flops / 1e9, 2),
           "matmul_gflops": {str(n): {"median": round(statistics.median(r) / 1e9, 2),
                                      "max": round(max(r) / 1e9, 2)} for n, r in rates.items()},

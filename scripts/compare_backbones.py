@@ -29,13 +29,13 @@ import argparse
 import json
 import math
 import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from titans_lm.bench import sweep  # noqa: E402  (no jax: the runs train in their own processes)
+from titans_lm.bench.output import write_json  # noqa: E402
 BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
 
 
@@ -90,34 +90,15 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
     return o
 
 
-def train_command(name: str, workdir: Path, args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", "titans_lm.cli", "train",
-           f"--config={REPO / 'configs' / f'{name}.py'}:tiny", f"--workdir={workdir}"]
-    return cmd + [f"--config.{k}={v}" for k, v in overrides(args).items()]
-
-
-def read_metrics(workdir: Path) -> list[dict]:
-    path = workdir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def summarize(name: str, workdir: Path, args: argparse.Namespace, status: str, wall_s: float,
               message: str = "") -> dict:
     """One result row from the run directory (metrics.jsonl and eval_*.json)."""
-    train = {}
-    for r in read_metrics(workdir):
-        if "loss" in r:
-            train[int(r["step"])] = r  # a resumed run may log a step again: keep the latest
-    steps = sorted(train)
+    steps = list(sweep.train_records(workdir))
     row = {"backbone": name, "status": status, "workdir": str(workdir), "steps": steps[-1] if steps else 0,
            "tokens_trained": (steps[-1] if steps else 0) * args.batch_size * args.seq_len,
            "wall_s": round(wall_s, 1), "message": message}
-    last = [float(train[s]["loss"]) for s in steps[-args.final_window:]]
-    row["final_train_loss"] = statistics.fmean(last) if last else None
-    rates = [float(train[s]["tokens_per_sec"]) for s in steps[1:] if "tokens_per_sec" in train[s]]
-    row["train_tokens_per_sec"] = statistics.median(rates) if rates else None
+    row["final_train_loss"] = sweep.final_train_loss(workdir, args.final_window)
+    row["train_tokens_per_sec"] = sweep.median_tokens_per_sec(workdir)
     for key, fname, metric in (("heldout_token_ppl", f"eval_{args.corpus}-test.json", "token_ppl"),
                                ("wiki2_word_ppl", "eval_wikitext2-test.json", "word_ppl")):
         path = workdir / fname
@@ -131,24 +112,15 @@ def summarize(name: str, workdir: Path, args: argparse.Namespace, status: str, w
 
 def run_backbone(name: str, args: argparse.Namespace) -> dict:
     workdir = Path(args.out).resolve() / name
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "train.log"
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
     print(f"[{name}] training {args.steps} steps x {args.batch_size} x {args.seq_len} tokens on "
-          f"{args.corpus} (log: {log_path})", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    with open(log_path, "a") as log:
-        proc = subprocess.run(train_command(name, workdir, args), stdout=log, stderr=subprocess.STDOUT,
-                              env=env, cwd=REPO)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = [line for line in log_path.read_text().splitlines() if line.strip()][-1:]
-        msg = tail[0] if tail else f"exit status {proc.returncode}"
-        print(f"[{name}] failed: {msg}", file=sys.stderr, flush=True)
-        return summarize(name, workdir, args, "failed", wall, msg)
-    row = summarize(name, workdir, args, "ok", wall)
-    print(f"[{name}] done in {wall:.0f}s: {json.dumps(row)}", file=sys.stderr, flush=True)
-    return row
+          f"{args.corpus} (log: {workdir / 'train.log'})", file=sys.stderr, flush=True)
+    run = sweep.run_training(f"{REPO / 'configs' / f'{name}.py'}:tiny", workdir, overrides(args),
+                             env={"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
+                             cwd=REPO)
+    if not run.ok:
+        print(f"[{name}] failed: {run.last_line}", file=sys.stderr, flush=True)
+        return summarize(name, workdir, args, "failed", run.wall_s, run.last_line)
+    return summarize(name, workdir, args, "ok", run.wall_s)
 
 
 def _fmt(x, spec: str) -> str:
@@ -195,11 +167,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [run_backbone(name, args) for name in args.backbones.split(",")]
-    table = markdown_table(rows, args)
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
-    (out / "results.md").write_text(table + "\n")
-    print(table)
+
+    def write(rows):
+        write_json(out / "results.json", {"args": vars(args), "rows": rows})
+        (out / "results.md").write_text(markdown_table(rows, args) + "\n")
+
+    rows = sweep.run_grid(args.backbones.split(","), lambda name: run_backbone(name, args),
+                          write=write)
+    print(markdown_table(rows, args))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

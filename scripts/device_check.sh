@@ -9,7 +9,7 @@
 #      the machine's own GPU-enabled JAX and says so;
 #   2. the kernel tests compiled for the GPU (TITANS_LM_PALLAS_INTERPRET=0: the Triton kernel,
 #      not its interpreter) and, when more than 170 s are left, the agreement table;
-#   3. the benchmark pallas vs chunked (scripts/benchmark_pallas.py: forward and forward+backward
+#   3. the benchmark pallas vs chunked (scripts/benchmark.py pallas: forward and forward+backward
 #      tokens/s, T in {16384, 4096, 65536}, d in {128, 64}, chunk in {16, 64}, MLP then linear
 #      memory) in the time that is left.
 # Results go to $OUT (or /tmp/titans_lm_device_check when OUT is unset): device_check.log,
@@ -90,7 +90,7 @@ timeout $(( $(left) > 260 ? 130 : $(left) / 2 )) "$PY" -m pytest tests/test_memo
 log "tests exit status ${PIPESTATUS[0]}"
 if [ "$(left)" -gt 170 ]; then
   log "agreement table (compiled Triton kernel vs chunked)"
-  timeout 45 "$PY" scripts/pallas_agreement.py --compiled --backends triton --json \
+  timeout 45 "$PY" scripts/agreement.py pallas --compiled --backends triton --json \
     > "$OUT_DIR/agreement.json" 2>&1
   log "agreement exit status $?"; tail -8 "$OUT_DIR/agreement.json"
 fi
@@ -101,6 +101,6 @@ if [ "$budget" -lt 15 ]; then
   log "no time left for the benchmark"; exit 0
 fi
 log "benchmark, budget ${budget}s"
-timeout $(( budget + 45 )) "$PY" scripts/benchmark_pallas.py --budget-s "$budget" \
+timeout $(( budget + 45 )) "$PY" scripts/benchmark.py pallas --budget-s "$budget" \
   --out "$OUT_DIR/benchmark_pallas.json"
 log "benchmark exit status $?; done"

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from titans_lm.bench import sweep  # noqa: E402
+from titans_lm.bench.output import heat_map, write_json  # noqa: E402
 from titans_lm.eval.tasks import CONTEXTS  # noqa: E402  (numpy only; jax loads on first use)
 
 BACKBONES = ("transformer", "swa", "ttt_linear", "lmm", "mac", "mag", "mal")
@@ -117,24 +117,11 @@ def overrides(args, backbone: str, task: str) -> dict[str, object]:
     return o
 
 
-def train_run(args, backbone: str, task: str, workdir: Path) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "titans_lm.cli", "train",
-           f"--config={REPO / 'configs' / 'tasks' / f'{task}.py'}:{backbone}",
-           f"--workdir={workdir}", "--noeval_after"]
-    cmd += [f"--config.{k}={v}" for k, v in overrides(args, backbone, task).items()]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    (workdir.parent / f"{workdir.name}.log").write_text(r.stdout + r.stderr)
-    return r.returncode, (r.stderr.strip().splitlines() or [""])[-1]
-
-
-def final_train_loss(workdir: Path, last: int = 3) -> float | None:
-    path = workdir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    losses = [r["loss"] for r in rows if "loss" in r and r.get("split", "train") == "train"]
-    return sum(losses[-last:]) / len(losses[-last:]) if losses else None
+def train_run(args, backbone: str, task: str, workdir: Path) -> sweep.TrainRun:
+    """Train one task x backbone (log: ``<out>/<task>-<backbone>.log``)."""
+    return sweep.run_training(f"{REPO / 'configs' / 'tasks' / f'{task}.py'}:{backbone}", workdir,
+                              overrides(args, backbone, task), flags=["--noeval_after"],
+                              log_path=workdir.parent / f"{workdir.name}.log", cwd=REPO)
 
 
 def setting_label(r: dict) -> str:
@@ -167,33 +154,17 @@ def write_results(out: Path, results: list[dict], contexts: tuple[str, ...]) -> 
                             f"{task} {metric} (%), context {context}")
     text = "\n".join(md)
     (out / "results.md").write_text(text)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(out / "results.json", results)
     return text
 
 
 def plot_comparison(path: Path, rows: list[dict], labels: list[str], metric: str, title: str):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
     grid = np.full((len(rows), len(labels)), np.nan)
     for i, r in enumerate(rows):
         for x in r.get("records", []):
             grid[i, labels.index(setting_label(x))] = 100 * x[metric]
-    fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(labels), 1.0 + 0.45 * len(rows)))
-    im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30)
-    ax.set_yticks(range(len(rows)), [r["backbone"] for r in rows], fontsize=8)
-    for i in range(len(rows)):
-        for j in range(len(labels)):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.0f}" if grid[i, j] >= 10 else f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=7,
-                        color="white" if grid[i, j] < 60 else "black")
-    fig.colorbar(im, ax=ax)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    heat_map(path, grid, [r["backbone"] for r in rows], labels, title)
 
 
 def main(argv=None) -> int:
@@ -203,28 +174,32 @@ def main(argv=None) -> int:
     from titans_lm.eval.tasks import evaluate_task
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for task in args.tasks.split(","):
+    tasks = args.tasks.split(",")
+    for task in tasks:
         if task not in TASKS:
             print(f"unknown task {task!r}; valid: {', '.join(TASKS)}", file=sys.stderr)
             return 2
-        for backbone in args.backbones.split(","):
-            workdir = out / f"{task}-{backbone}"
-            print(f"training {backbone} on {task} in {workdir}", file=sys.stderr, flush=True)
-            rc, last = train_run(args, backbone, task, workdir)
-            row = {"task": task, "backbone": backbone, "workdir": str(workdir),
-                   "status": "ok" if rc == 0 else f"train failed: {last}",
-                   "final_train_loss": final_train_loss(workdir)}
-            if rc == 0:
-                try:
-                    row["records"] = evaluate_task(
-                        workdir, context=args.context, max_length=args.max_length,
-                        log=lambda m: print(m, file=sys.stderr, flush=True))
-                    row["params"] = count_params(workdir)
-                except ValueError as e:
-                    row["status"] = f"eval failed: {e}"
-            results.append(row)
-            write_results(out, results, args.context)
+
+    def run_one(point) -> dict:
+        task, backbone = point
+        workdir = out / f"{task}-{backbone}"
+        run = train_run(args, backbone, task, workdir)
+        row = {"task": task, "backbone": backbone, "workdir": str(workdir),
+               "status": "ok" if run.ok else f"train failed: {run.last_line}",
+               "final_train_loss": sweep.final_train_loss(workdir, 3)}
+        if run.ok:
+            try:
+                row["records"] = evaluate_task(
+                    workdir, context=args.context, max_length=args.max_length,
+                    log=lambda m: print(m, file=sys.stderr, flush=True))
+                row["params"] = count_params(workdir)
+            except ValueError as e:
+                row["status"] = f"eval failed: {e}"
+        return row
+
+    points = [(t, b) for t in tasks for b in args.backbones.split(",")]
+    results = sweep.run_grid(points, run_one, describe=lambda p: f"{p[1]} on {p[0]}",
+                             write=lambda rows: write_results(out, rows, args.context))
     print(json.dumps(results, indent=1))
     print(write_results(out, results, args.context), file=sys.stderr)
     return 0

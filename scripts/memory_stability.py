@@ -18,11 +18,14 @@ import argparse
 import importlib.util
 import json
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from titans_lm.bench import sweep  # noqa: E402
 
 
 def _config(depth: int, a, overrides: dict):
@@ -71,7 +74,7 @@ def run(depth: int, a, overrides: dict) -> dict:
         except NonFiniteLossError as e:
             message = str(e)
             first_bad = int(message.split(" at step ")[1].split(";")[0])
-        rows = [json.loads(x) for x in (Path(wd) / "metrics.jsonl").read_text().splitlines()]
+        rows = sweep.metric_records(wd)
     for r in rows:
         if "loss" in r and not isinstance(r["loss"], str):
             losses.setdefault(r["step"], r["loss"])
@@ -86,7 +89,7 @@ def run(depth: int, a, overrides: dict) -> dict:
             "message": message, "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--depths", default="1,2,3,4")
@@ -95,11 +98,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--every", type=int, default=10, help="report the loss every N steps")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     out = {"settings": vars(a), "results": {}}
     for variant in a.variants.split(";"):
         overrides = _parse_variant(variant)
-        out["results"][variant] = [run(int(d), a, overrides) for d in a.depths.split(",")]
+        out["results"][variant] = sweep.run_grid(
+            [int(d) for d in a.depths.split(",")], lambda d: run(d, a, overrides),
+            describe=lambda d: f"{variant} depth {d}")
         print(json.dumps({variant: out["results"][variant]}), flush=True)  # progress
     print(json.dumps(out, indent=1, default=lambda x: None if isinstance(x, float) and
                      math.isnan(x) else x))

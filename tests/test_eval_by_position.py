@@ -63,12 +63,16 @@ def test_plot_and_script_write_the_figure(tmp_path):
         bp.write_by_position(w / "by_position_test.json", {**r, "name": "test"})
     out = bp.plot_by_position({"a": r}, tmp_path / "one.png")
     assert out.stat().st_size > 1000
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_by_position.py"),
-                          str(tmp_path / "lmm"), str(tmp_path / "transformer"),
-                          f"--out={tmp_path / 'fig.png'}"], capture_output=True, text=True)
+    plot = [sys.executable, "-m", "titans_lm.cli", "plot", "--by_position"]
+    res = subprocess.run(plot + [str(tmp_path / "lmm"), str(tmp_path / "transformer"),
+                                 f"--out={tmp_path / 'fig.png'}"],
+                         capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0, res.stderr
     assert set(json.loads(res.stdout)["curves"]) == {"lmm", "transformer"}
     assert (tmp_path / "fig.png").stat().st_size > 1000
-    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_by_position.py"),
-                          str(tmp_path)], capture_output=True, text=True)
+    bad = subprocess.run(plot + [str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 1 and "no by_position" in bad.stderr
+    helped = subprocess.run([sys.executable, "-m", "titans_lm.cli", "plot", "--help"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert helped.returncode == 0 and "--by_position:" in helped.stdout
+    assert "--pattern:" in helped.stdout and "--title:" in helped.stdout

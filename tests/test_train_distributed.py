@@ -5,7 +5,6 @@ the launcher stopping every process when one dies; the resolution of the distrib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -16,8 +15,7 @@ import importlib.util
 from _tiny_run import CONFIG_FILE, REPO, cli_args, run_cli, tiny_config
 from titans_lm.train.distributed import resolve
 
-sys.path.insert(0, str(REPO / "scripts"))
-import launch_local  # noqa: E402
+from titans_lm.train import launch
 
 STEPS = dict(train__steps=5, train__ckpt_every=5, train__eval_every=5, mesh__data=-1)
 
@@ -80,7 +78,7 @@ def test_two_processes_of_four_devices_match_one_of_eight(backbone, tmp_path):
         cfg.train.carry_state = True
     # The single-process reference (8 devices here) first; it also builds the token stores.
     one = train(cfg, tmp_path / "one", progress=False, log=lambda m: None)
-    code = launch_local.launch(args + ["--noeval_after"], num_processes=2, devices_per_process=4,
+    code = launch.launch(args + ["--noeval_after"], num_processes=2, devices_per_process=4,
                                log_dir=tmp_path / "logs", timeout_s=600)
     assert code == 0, (tmp_path / "logs" / "process_1.log").read_text()[-3000:]
     two = _losses(tmp_path / "mp")
@@ -100,10 +98,10 @@ def test_two_processes_of_four_devices_match_one_of_eight(backbone, tmp_path):
     on1 = json.loads((tmp_path / "mp" / "eval_tinyshakespeare-test.json").read_text())
     assert on1["model"]["nll_nats"] == pytest.approx(on8, rel=1e-6)
     ref = next(iter(evaluate(tmp_path / "one", **kw).values()))["model"]["nll_nats"]
-    code = launch_local.launch([f"--workdir={tmp_path / 'one'}", "--nowikitext"], command="eval",
-                               num_processes=2, devices_per_process=4, log_dir=tmp_path / "elogs",
-                               timeout_s=240)
-    assert code == 0
+    p = run_cli(["launch", "--num_processes=2", "--devices_per_process=4", "--command=eval",
+                 f"--log_dir={tmp_path / 'elogs'}", "--timeout_s=240", "--",
+                 f"--workdir={tmp_path / 'one'}", "--nowikitext"], timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
     on2x4 = json.loads((tmp_path / "one" / "eval_tinyshakespeare-test.json").read_text())
     assert on2x4["model"]["nll_nats"] == pytest.approx(ref, rel=1e-6)
     assert ref == pytest.approx(on8, rel=1e-5)  # the two runs' parameters agree to float error
@@ -117,7 +115,7 @@ def test_launcher_stops_everyone_when_a_process_dies(tmp_path, capsys):
     log_dir = tmp_path / "logs"
     result = {}
     started = {}
-    t = threading.Thread(target=lambda: result.setdefault("code", launch_local.launch(
+    t = threading.Thread(target=lambda: result.setdefault("code", launch.launch(
         args, num_processes=2, devices_per_process=1, log_dir=log_dir, timeout_s=120,
         grace_s=5, on_start=lambda procs: started.setdefault("procs", procs))))
     t0 = time.monotonic()
@@ -130,8 +128,22 @@ def test_launcher_stops_everyone_when_a_process_dies(tmp_path, capsys):
     t.join(timeout=60)
     assert not t.is_alive(), "the launcher hung"
     assert result["code"] == 128 + signal.SIGKILL
-    assert "launch_local: process 1 was killed by SIGKILL; stopping the other processes" in \
+    assert "titans-lm launch: process 1 was killed by SIGKILL; stopping the other processes" in \
         capsys.readouterr().err
+
+
+def test_launch_verb_reads_its_own_flags(capsys):
+    """``titans-lm launch``: its flags before ``--`` (bad usage exits 2 before starting anything),
+    the launched command's after it."""
+    from titans_lm import cli
+    assert cli.main(["titans-lm", "launch", "--num_processes=0", "--", "--workdir=x"]) == 2
+    assert "--num_processes must be >= 1" in capsys.readouterr().err
+    assert cli.main(["titans-lm", "launch", "--help"]) == 0
+    assert "--devices_per_process" in capsys.readouterr().out
+    env = launch.process_env(1, 2, 1234, 4, base={"XLA_FLAGS": "--xla_cpu_foo"})
+    assert env["JAX_PROCESS_ID"] == "1" and env["JAX_NUM_PROCESSES"] == "2"
+    assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:1234"
+    assert env["XLA_FLAGS"] == "--xla_cpu_foo --xla_force_host_platform_device_count=4"
 
 
 def test_resolve_reads_flags_then_environment():

@@ -7,14 +7,17 @@
     titans-lm generate --workdir=runs/tiny --prompt="ROMEO:" [--prompt_file=F] [--max_new_tokens=N]
                       [--temperature=T] [--top_k=K] [--top_p=P] [--seed=S]
     titans-lm config  --config=configs/transformer.py:tiny [--config.train.steps=100]
-    titans-lm plot    runs/tiny [runs/other ...] [--out=curves.png]
+    titans-lm plot    runs/tiny [runs/other ...] [--out=curves.png] [--by_position]
+    titans-lm launch  [--num_processes=2] [--devices_per_process=4] [--command=train|eval] -- FLAGS
 
 ``train`` resumes from the newest checkpoint in ``--workdir`` when there is one (rerun the same
 command after an interruption), and with ``--eval_after`` (the default) evaluates the finished run
 on the held-out text. The default workdir is ``runs/<config file name>-<size>``; it holds the
 resolved config (``config.json``, which ``config`` prints without training), the data record
 (``data.json``), ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and the ``eval_*.json`` results.
-``plot`` draws the loss and throughput curves of runs into a PNG.
+``plot`` draws the loss and throughput curves of runs into a PNG (``--by_position``: their
+loss-by-position results, ``titans_lm.eval.by_position``). ``launch`` runs ``train`` (or ``eval``)
+as several cooperating processes on this machine (``titans_lm.train.launch``).
 
 Any config field can be overridden with ``--config.<section>.<field>=value``; an unknown field, a
 value of the wrong type, or a missing config file stops with a message naming it. Exit status: 0
@@ -32,7 +35,7 @@ from pathlib import Path
 from absl import app, flags, logging as absl_logging
 from ml_collections import config_flags
 
-COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot")
+COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot", "launch")
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config: path/to/config.py[:size], e.g. configs/transformer.py:tiny.",
@@ -62,7 +65,12 @@ _CONTEXT = flags.DEFINE_enum(
 _BY_POSITION = flags.DEFINE_boolean(
     "by_position", False, "eval: mean token loss in log-spaced within-document position buckets "
     "(per --context mode; documents streamed to their end): by_position_*.json and a PNG in the "
-    "workdir (titans_lm.eval.by_position_eval).")
+    "workdir (titans_lm.eval.by_position_eval). plot: draw the runs' by_position*.json (one "
+    "curve per result) instead of their training curves.")
+_TITLE = flags.DEFINE_string("title", "loss by position in document",
+                             "plot --by_position: the figure's title.")
+_PATTERN = flags.DEFINE_string("pattern", "by_position*.json",
+                               "plot --by_position: the result files to read in a workdir.")
 _ABLATE_AT = flags.DEFINE_integer(
     "ablate_at", None, "eval: memory ablation probe: reset every neural memory (LMM, TTT, MAG, "
     "MAL, MAC) at the first window boundary at or after this position of each document and "
@@ -89,7 +97,7 @@ _BAD_CHECKPOINT = flags.DEFINE_enum(
 _VERBOSE = flags.DEFINE_boolean("verbose", False, "Print the traceback of an error too.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "train/eval: multi-process run, host:port of process 0's "
-    "coordinator (default: $JAX_COORDINATOR_ADDRESS; see scripts/launch_local.py).")
+    "coordinator (default: $JAX_COORDINATOR_ADDRESS; see titans-lm launch).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
                                       "train: number of processes (default: $JAX_NUM_PROCESSES).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None,
@@ -106,7 +114,7 @@ COMMAND_FLAGS = {"prepare": ("config", "verbose"),
                           "coordinator_address", "num_processes", "process_id"),
                  "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
                               "top_k", "top_p", "seed", "max_context", "step", "verbose"),
-                 "config": ("config",), "plot": ("out",)}
+                 "config": ("config",), "plot": ("out", "by_position", "title", "pattern")}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
     "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
@@ -114,7 +122,10 @@ _COMMAND_SUMMARY = {
     "generate": "Sample a continuation of each prompt with the newest (or --step) checkpoint of "
                 "--workdir, printing it as it is produced (timings on stderr).",
     "config": "Print the resolved config (the config.json a run would hold) without training.",
-    "plot": "titans-lm plot W1 [W2 ...]: draw train/validation loss and tokens/s of runs into a PNG.",
+    "plot": "titans-lm plot W1 [W2 ...]: draw train/validation loss and tokens/s of runs into a PNG "
+            "(--by_position: their loss by position in the document; prints a JSON summary).",
+    "launch": "titans-lm launch [flags] -- FLAGS: run `titans-lm train` (or --command=eval) with "
+              "FLAGS as N cooperating processes on this machine.",
 }
 # What a SIGTERM / Ctrl-C outside the training steps interrupted (for its message).
 _PHASE = {"now": ""}
@@ -263,6 +274,13 @@ def _plot(argv) -> int:
     runs = argv[1:]
     if not runs:
         raise UsageError("plot needs at least one run directory: titans-lm plot W1 [W2 ...]")
+    if _BY_POSITION.value:
+        import json
+        from titans_lm.eval.by_position import plot_runs as plot_by_position
+        summary = plot_by_position(runs, _OUT.value or "by_position.png", _TITLE.value,
+                                   _PATTERN.value)
+        print(json.dumps(summary, indent=1))
+        return 0
     out = _OUT.value or (str(Path(runs[0]) / "curves.png") if len(runs) == 1 else "curves.png")
     print(f"wrote {plot_runs(runs, out)}")
     return 0
@@ -363,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if len(argv) >= 2 else 2
     cmd = argv[1]
+    if cmd == "launch":  # its own flags; everything after ``--`` goes to the launched command
+        from titans_lm.train.launch import main as launch
+        try:
+            return launch(argv[2:])
+        except SystemExit as e:  # argparse: --help, bad usage
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if cmd not in COMMANDS:
         print(f"titans-lm: unknown command {cmd!r}; commands: {', '.join(COMMANDS)}\n\n{USAGE}",
               file=sys.stderr)

@@ -12,7 +12,7 @@ Result (JSON-serialisable dict): ``edges`` (k + 1 ints), ``loss_sum``, ``count``
 extra keys the caller adds (``name``, ``model_name``, ``context``...).
 
 Files: ``<workdir>/by_position*.json`` (:func:`write_by_position`), drawn one curve per run by
-:func:`plot_by_position` and ``scripts/plot_by_position.py W1 W2 ...``.
+:func:`plot_by_position` and ``titans-lm plot --by_position W1 W2 ...`` (:func:`plot_runs`).
 """
 
 from __future__ import annotations
@@ -147,3 +147,29 @@ def plot_by_position(runs: Mapping[str, Mapping[str, Any]], path: str | Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_runs(paths: Sequence[str | Path], out: str | Path,
+              title: str = "loss by position in document",
+              pattern: str = "by_position*.json") -> dict[str, Any]:
+    """Draw the loss-by-position results of several runs on one figure (the TTT paper's Fig. 2
+    style): ``titans-lm plot --by_position W1 W2 ... [--out=F.png]``.
+
+    Each path is a workdir holding ``pattern`` files or one such file; every result found becomes
+    one curve, labelled ``<workdir name>`` (plus the result's ``name`` when a workdir holds
+    several). Returns the JSON summary: the PNG written and, per curve, the buckets' edges and
+    mean losses.
+
+    Raises:
+      FileNotFoundError: a path with no result (:func:`load_by_position`).
+    """
+    runs = {}
+    for w in paths:
+        found = load_by_position(w, pattern)
+        base = Path(w).name if Path(w).is_dir() else Path(w).parent.name
+        for r in found:
+            label = base if len(found) == 1 else f"{base} {r.get('name', '')}".strip()
+            runs[label] = r
+    plot_by_position(runs, out, title)
+    return {"out": str(out), "curves": {k: {"edges": r["edges"], "mean_loss": r["mean_loss"]}
+                                        for k, r in runs.items()}}

@@ -16,7 +16,7 @@ position 0 is BOS). The losses go into the log-spaced buckets of
   only the ``p mod T`` tokens of its window (the training protocol's curve: flat beyond ``T``).
 
 Files: ``<workdir>/by_position_<dataset>_<mode>.json`` (one per mode) and
-``<workdir>/by_position_<dataset>.png`` (one curve per mode); ``scripts/plot_by_position.py``
+``<workdir>/by_position_<dataset>.png`` (one curve per mode); ``titans-lm plot --by_position``
 draws several runs on one figure.
 
 Memory ablation (``titans-lm eval --ablate_at=P``, :func:`ablate_memory`): the carry run again,

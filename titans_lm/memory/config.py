@@ -98,7 +98,7 @@ class MemoryConfig:
         which is the same as lowering that token's theta. It bounds every write by
         theta_max * surprise_max_norm / (1 - eta_max) whatever the memory's curvature (which
         grows with memory_depth). Cost: one norm per token from the factors the engine already
-        has (scripts/memory_guard_cost.py). Engines "chunked" and "reference" only.
+        has (``scripts/benchmark.py --variants``). Engines "chunked" and "reference" only.
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of

@@ -14,7 +14,7 @@ Where the description comes from, first match wins:
 1. explicit arguments (the ``titans-lm train`` flags ``--coordinator_address``,
    ``--num_processes``, ``--process_id``);
 2. ``JAX_COORDINATOR_ADDRESS`` with ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (what
-   ``scripts/launch_local.py`` sets);
+   ``titans-lm launch`` sets);
 3. a cluster JAX detects itself: SLURM (``SLURM_NTASKS`` > 1), Open MPI
    (``OMPI_COMM_WORLD_SIZE`` > 1), multi-host TPU slices (``TPU_WORKER_HOSTNAMES`` listing several
    hosts).

@@ -1,7 +1,7 @@
-"""The at-init memory write probe (``scripts/memory_write_probe.py``) on a tiny layer."""
+"""The at-init memory write probe (``scripts/probe.py write``) on a tiny layer."""
 
-import importlib.util
 import json
+import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 
 from _backbones import REPO
+from titans_lm.bench import write_probe as probe_script
 from titans_lm.memory.config import MemoryConfig
-
-_spec = importlib.util.spec_from_file_location("memory_write_probe",
-                                               REPO / "scripts" / "memory_write_probe.py")
-probe_script = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = probe_script   # its dataclass looks its module up
-_spec.loader.exec_module(probe_script)
 
 B, T, D, CHUNK = 2, 32, 16, 4
 POSITIONS = (4, 8, 32)
@@ -111,3 +106,16 @@ def test_an_underflowed_read_gives_null_not_nan():
     assert probe_script._rel(zeros + 1, zeros) is None
     assert probe_script._rel(zeros + 2, zeros + 1) == pytest.approx(1.0)
     json.dumps({"x": probe_script._rel(zeros, zeros)}, allow_nan=False)
+
+
+def test_probe_script_dispatches_to_its_targets():
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "probe.py"), "write", "--theta-max",
+                          "5e-4", "--alpha-bias", "preset", "--eta-max", "0.9", "--tokens", "32",
+                          "--positions", "16,32", "--batch", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]
+    assert set(rec["read_change"]) == {"16", "32"}
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "probe.py"), "nope"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert bad.returncode == 2 and "probe.py recall" in bad.stderr

@@ -1,7 +1,7 @@
 """Streaming evaluation and decoding with carried state: speed and memory, as JSON lines.
 
-    python scripts/benchmark_streaming.py                       # all of it (a few minutes on CPU)
-    python scripts/benchmark_streaming.py --lengths=10000 --contexts=1024 --models=lmm
+    python scripts/benchmark.py streaming                       # all of it (a few minutes on CPU)
+    python scripts/benchmark.py streaming --lengths=10000 --contexts=1024 --models=lmm
 
 Two measurements, each configuration in its own process (so the peak RSS is that configuration's):
 
@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _rss_mb() -> float:
@@ -44,7 +43,8 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    from titans_lm.bench.timing import max_rss_bytes
+    return max_rss_bytes() / 2**20
 
 
 def _config(args, name: str):
@@ -187,7 +187,7 @@ def _ints(s: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="benchmark.py streaming", description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=_ints, default=[10_000, 100_000, 1_000_000],
                    help="stream: document lengths in tokens")
     p.add_argument("--contexts", type=_ints, default=[1024, 16384], help="decode: context lengths")
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     status = 0
     for kind, name, n in jobs:
-        cmd = [sys.executable, __file__, *passthrough, f"--_child={kind}:{name}:{n}",
+        cmd = [sys.executable, "-m", "titans_lm.bench.streaming", *passthrough, f"--_child={kind}:{name}:{n}",
                f"--_tokens={token_file}"]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)

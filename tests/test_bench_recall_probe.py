@@ -1,16 +1,9 @@
-"""scripts/recall_probe.py: its options and its table (the probe itself: test_eval_recall.py)."""
-
-import importlib.util
-import sys
+"""``scripts/probe.py recall``: its options and its table (the probe itself:
+test_eval_recall.py)."""
 
 import pytest
 
-from _backbones import REPO
-
-_spec = importlib.util.spec_from_file_location("recall_probe", REPO / "scripts" / "recall_probe.py")
-recall_probe = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = recall_probe
-_spec.loader.exec_module(recall_probe)
+from titans_lm.bench import recall_probe
 
 
 def test_options_and_table():

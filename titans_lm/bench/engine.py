@@ -15,10 +15,10 @@ unit-norm keys and queries, random gates. The MLP memory has depth 2, SiLU and h
 chunk size. The last lines summarise the chunked/reference speed-ups and the chunked cost per
 token relative to the smallest T.
 
-    python scripts/benchmark_memory.py                          # a quick subset (about a minute)
-    python scripts/benchmark_memory.py --impls chunked --models mlp --d 64 --chunks 16 \
+    python scripts/benchmark.py engine                          # a quick subset (about a minute)
+    python scripts/benchmark.py engine --impls chunked --models mlp --d 64 --chunks 16 \
         --T 1024 4096 16384
-    python scripts/benchmark_memory.py --full                   # the whole grid (slow on CPU;
+    python scripts/benchmark.py engine --full                   # the whole grid (slow on CPU;
                                                                 # reference only up to T=4096)
 """
 
@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 
-from memory_bench_inputs import build_fns, make_inputs
+from titans_lm.bench.inputs import build_fns, make_inputs
+from titans_lm.bench.timing import Job, rounds, timing_fields
 from titans_lm.memory import LinearMemory, MLPMemory
 
 
@@ -46,18 +49,13 @@ def compile_one(fn, args):
         out["temp_bytes"] = int(mem.temp_size_in_bytes)
         out["argument_bytes"] = int(mem.argument_size_in_bytes)
         out["output_bytes"] = int(mem.output_size_in_bytes)
-    jax.block_until_ready(compiled(*args))          # warm-up
-    return compiled, out
-
-
-def timed_call(compiled, args):
-    t0, c0 = time.perf_counter(), time.process_time()
-    jax.block_until_ready(compiled(*args))
-    return time.perf_counter() - t0, time.process_time() - c0
+    job = Job(compiled, args)
+    job.warm_up()
+    return job, out
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="benchmark.py engine", description=__doc__.splitlines()[0])
     p.add_argument("--impls", nargs="+", default=["reference", "chunked"])
     p.add_argument("--models", nargs="+", default=["linear", "mlp"], choices=["linear", "mlp"])
     p.add_argument("--d", nargs="+", type=int, default=[64])
@@ -111,33 +109,19 @@ def main(argv=None):
                             row["chunks_per_checkpoint"] = a.chunks_per_checkpoint
                         rows.append(row)
                         for mode in a.modes:
-                            compiled, info = compile_one(forward if mode == "fwd" else fwd_bwd, args)
+                            job, info = compile_one(forward if mode == "fwd" else fwd_bwd, args)
                             row[mode] = info
-                            jobs.append((row, mode, compiled, args, [], []))
-    for _ in range(a.repeats):
-        for row, mode, compiled, args, walls, cpus in jobs:
-            wall, cpu = timed_call(compiled, args)
-            walls.append(wall)
-            cpus.append(cpu)
-    for row, mode, compiled, args, walls, cpus in jobs:
-        row[mode].update(timing_fields(walls, row["batch"] * row["T"]))
-        row[mode]["cpu_seconds"] = round(float(np.median(cpus)), 5)
+                            jobs.append((row, mode, job))
+    rounds([job for _, _, job in jobs], a.repeats)
+    for row, mode, job in jobs:
+        row[mode].update(timing_fields(job.times, row["batch"] * row["T"]))
+        row[mode]["cpu_seconds"] = round(float(np.median(job.cpu_times)), 5)
     stats = jax.devices()[0].memory_stats()
     for row in rows:
         if stats and "peak_bytes_in_use" in stats:
             row["device_peak_bytes"] = int(stats["peak_bytes_in_use"])
         print(json.dumps(row), flush=True)
     summarize(rows)
-
-
-def timing_fields(walls, tokens: int) -> dict:
-    """Median and minimum seconds per call over ``walls``, every call, and the rates they give."""
-    wall = float(np.median(walls))
-    return {"seconds": round(wall, 5), "seconds_min": round(min(walls), 5),
-            "seconds_all": [round(w, 5) for w in walls],
-            "tokens_per_s": round(tokens / wall, 1),
-            "us_per_token": round(1e6 * wall / tokens, 3),
-            "us_per_token_min": round(1e6 * min(walls) / tokens, 3)}
 
 
 def _without_flag(argv, flag):
@@ -155,6 +139,13 @@ def _without_flag(argv, flag):
     return out
 
 
+def _child_env() -> dict:
+    """This environment with the directory that holds this ``titans_lm`` first on PYTHONPATH."""
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
 def isolated(a, argv):
     """``--isolate ROUNDS``: each round starts one process per implementation in turn (same grid,
     ``--impls`` that one); the rows merge every process's timed calls (median and minimum over all
@@ -163,8 +154,9 @@ def isolated(a, argv):
     merged = {}
     for _ in range(a.isolate):
         for impl in a.impls:
-            cmd = [sys.executable, __file__, *base, "--impls", impl]
-            res = subprocess.run(cmd, capture_output=True, text=True)
+            cmd = [sys.executable, "-m", __name__ if __name__ != "__main__" else "titans_lm.bench.engine",
+                   *base, "--impls", impl]
+            res = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
             if res.returncode != 0:
                 print(json.dumps({"impl": impl, "error": res.stderr.strip()[-400:]}), flush=True)
                 continue

@@ -8,8 +8,11 @@ sequences (batch x heads) run under ``jax.vmap``; inputs are float32, unit-norm 
 random gates (theta < 0.01, eta in (0.5, 0.9), alpha < 0.001); the MLP memory has depth 2, SiLU
 and hidden width 4 d.
 
-Timing: one warm-up call after compiling, then the median of ``--reps`` calls, each synchronised
-with ``block_until_ready``. Configurations run in order of priority (T = 16384 first, the MLP
+Timing: every implementation of a configuration is compiled and called once (warm-up) first, then
+``--reps`` rounds call each of them once in turn (so load drift hits them alike), each call
+synchronised with ``block_until_ready``; rows give the median (``fwd_s``, ``fwd_tok_s``...) and
+the minimum (``fwd_s_min``, ``fwd_tok_s_max``...), speed-ups the ratio of the medians and of the
+minima (``fwd_speedup``, ``fwd_speedup_min``...). Configurations run in order of priority (T = 16384 first, the MLP
 before the linear memory, chunk 16 before 64) until ``--budget-s`` seconds have passed; the rest
 are listed as skipped. A pallas row says whether the kernel ran (``kernel``) or the problem fell back to chunked
 (``fallback``: the reason). ``--extra-precisions`` adds pallas rows with other data-matmul
@@ -18,8 +21,8 @@ matmuls by default; "tf32x3"). Prints one JSON object per measurement and writes
 the environment and a speed-up summary, to ``--out`` (default: $OUT/benchmark_pallas.json when
 OUT is set).
 
-    python scripts/benchmark_pallas.py                       # the device check's grid, 200 s budget
-    python scripts/benchmark_pallas.py --models linear --T 4096 --d 64 --chunks 16 --budget-s 60
+    python scripts/benchmark.py pallas                       # the device check's grid, 200 s budget
+    python scripts/benchmark.py pallas --models linear --T 4096 --d 64 --chunks 16 --budget-s 60
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 
-from memory_bench_inputs import build_fns, make_inputs
+from titans_lm.bench.inputs import build_fns, make_inputs
+from titans_lm.bench.timing import Job, median_min, rounds
 from titans_lm.memory import LinearMemory, MLPMemory
 from titans_lm.memory.pallas_plan import make_plan, resolve_backend
 
@@ -41,17 +44,13 @@ MODELS = {"mlp": MLPMemory(depth=2, expansion=4.0, activation="silu"), "linear":
 T_PRIORITY = (16384, 4096, 65536)
 
 
-def time_fn(fn, args, reps):
+def compile_job(fn, args) -> tuple[Job, float, object]:
+    """(job, compile seconds, the warm-up call's output) of ``fn`` jitted on ``args``."""
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
     compile_s = time.perf_counter() - t0
-    out = jax.block_until_ready(compiled(*args))          # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    return out, compile_s, statistics.median(times)
+    job = Job(compiled, args)
+    return job, compile_s, job.warm_up()
 
 
 def configurations(models, Ts, ds, chunks):
@@ -63,8 +62,8 @@ def configurations(models, Ts, ds, chunks):
                                        order.get(x[1], len(order)), x[3], -x[2]))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="benchmark.py pallas", description=__doc__.splitlines()[0])
     parser.add_argument("--impls", nargs="+", default=["chunked", "pallas"])
     parser.add_argument("--models", nargs="+", default=["mlp", "linear"], choices=sorted(MODELS))
     parser.add_argument("--T", nargs="+", type=int, default=list(T_PRIORITY))
@@ -79,7 +78,7 @@ def main():
                         help="more pallas precisions, measured at T = 16384")
     parser.add_argument("--chunks-per-checkpoint", type=int, default=1)
     parser.add_argument("--out", default=None)
-    a = parser.parse_args()
+    a = parser.parse_args(argv)
     out_path = a.out or (os.path.join(os.environ["OUT"], "benchmark_pallas.json")
                          if os.environ.get("OUT") else None)
 
@@ -100,6 +99,7 @@ def main():
         runs = [(impl, a.precision) for impl in a.impls]
         if "pallas" in a.impls and T == 16384:
             runs += [("pallas", p) for p in a.extra_precisions if p != a.precision]
+        measured = []                      # (row, fwd job, fwd_bwd job) of every run that compiled
         for impl, precision in runs:
             options = {"chunks_per_checkpoint": a.chunks_per_checkpoint}
             label = impl
@@ -118,15 +118,27 @@ def main():
                     row["fallback"] = plan
             try:
                 forward, forward_backward = (jax.jit(f) for f in build_fns(impl, model, chunk, options))
-                out, c_fwd, t_fwd = time_fn(forward, args, a.reps)
+                fwd, c_fwd, out = compile_job(forward, args)
                 reads[label] = out[0]
-                _, c_fb, t_fb = time_fn(forward_backward, args, a.reps)
-                tokens = a.batch * T
-                row.update(fwd_tok_s=tokens / t_fwd, fwd_bwd_tok_s=tokens / t_fb, fwd_s=t_fwd,
-                           fwd_bwd_s=t_fb, compile_fwd_s=c_fwd, compile_fwd_bwd_s=c_fb)
+                fb, c_fb, _ = compile_job(forward_backward, args)
+                row.update(compile_fwd_s=c_fwd, compile_fwd_bwd_s=c_fb)
+                measured.append((row, fwd, fb))
             except Exception as e:  # noqa: BLE001  (report and go on with the next configuration)
                 row["error"] = f"{type(e).__name__}: {str(e)[:500]}"
             results.append(row)
+        try:
+            rounds([job for _, fwd, fb in measured for job in (fwd, fb)], a.reps)
+        except Exception as e:  # noqa: BLE001
+            for row, _, _ in measured:
+                row["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+            measured = []
+        tokens = a.batch * T
+        for row, fwd, fb in measured:
+            (t_fwd, t_fwd_min), (t_fb, t_fb_min) = median_min(fwd.times), median_min(fb.times)
+            row.update(fwd_tok_s=tokens / t_fwd, fwd_bwd_tok_s=tokens / t_fb, fwd_s=t_fwd,
+                       fwd_bwd_s=t_fb, fwd_s_min=t_fwd_min, fwd_bwd_s_min=t_fb_min,
+                       fwd_tok_s_max=tokens / t_fwd_min, fwd_bwd_tok_s_max=tokens / t_fb_min)
+        for row in results[len(results) - len(runs):]:
             print(json.dumps(row), flush=True)
         if "chunked" in reads and "pallas" in reads:
             a_, b_ = reads["pallas"], reads["chunked"]
@@ -146,7 +158,9 @@ def main():
             speedups.append({"impl": impl, "model": name, "T": T, "d": d, "chunk": chunk,
                              "kernel": r.get("kernel"),
                              "fwd_speedup": r["fwd_tok_s"] / base["fwd_tok_s"],
-                             "fwd_bwd_speedup": r["fwd_bwd_tok_s"] / base["fwd_bwd_tok_s"]})
+                             "fwd_bwd_speedup": r["fwd_bwd_tok_s"] / base["fwd_bwd_tok_s"],
+                             "fwd_speedup_min": base["fwd_s_min"] / r["fwd_s_min"],
+                             "fwd_bwd_speedup_min": base["fwd_bwd_s_min"] / r["fwd_bwd_s_min"]})
     summary = {"environment": env, "results": results, "speedups": speedups, "skipped": skipped,
                "wall_s": time.perf_counter() - start}
     print(json.dumps({"speedups": speedups, "skipped": skipped}), flush=True)

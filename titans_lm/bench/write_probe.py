@@ -1,7 +1,7 @@
 """How much the Titans memory writes at initialisation, as a function of its gate bounds and inits.
 
-    python scripts/memory_write_probe.py                       # the default grid (18 settings)
-    python scripts/memory_write_probe.py --theta-max 5e-4,2e-3 --alpha-bias=-6,-9 --eta-max 0.9
+    python scripts/probe.py write                       # the default grid (18 settings)
+    python scripts/probe.py write --theta-max 5e-4,2e-3 --alpha-bias=-6,-9 --eta-max 0.9
 
 One NeuralMemory layer is built at init as the memory of ``configs/lmm.py:tiny`` (d_model 256,
 heads of 64 -> 4 heads, MLP memory of depth 2 with 2x expansion, chunk 16, conv, l2-normalised q,
@@ -49,7 +49,6 @@ import functools
 import importlib.util
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -58,15 +57,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from titans_lm.memory.config import MemoryConfig, chunk_write_gain
+from titans_lm.memory.layer import NeuralMemory
+from titans_lm.memory.scan import memory_read
+from titans_lm.models.memory_mixer import memory_config
+from titans_lm.nn.stream import fresh_stream_state, make_stream
 
-from titans_lm.memory.config import MemoryConfig, chunk_write_gain  # noqa: E402
-from titans_lm.memory.layer import NeuralMemory  # noqa: E402
-from titans_lm.memory.scan import memory_read  # noqa: E402
-from titans_lm.models.memory_mixer import memory_config  # noqa: E402
-from titans_lm.nn.stream import fresh_stream_state, make_stream  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 POSITIONS = (16, 32, 64, 256, 1024, 2048)
 
@@ -237,7 +234,7 @@ def _floats(text: str) -> list[float]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="probe.py write", description=__doc__.split("\n\n")[0])
     p.add_argument("--theta-max", default="5e-4,5e-3,5e-2",
                    help="comma list (0: theta forced to 0)")
     p.add_argument("--alpha-bias", default="preset,-9,-12",

@@ -12,7 +12,7 @@ from _tiny_run import REPO
 from titans_lm.memory import MLPMemory, memory_scan
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.models import build_model
-from titans_lm.perf.flops import (count_flops, jaxpr_matmul_flops, memory_chunk_flops,
+from titans_lm.bench.flops import (count_flops, jaxpr_matmul_flops, memory_chunk_flops,
                                   traced_forward_flops)
 
 

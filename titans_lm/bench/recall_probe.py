@@ -1,6 +1,6 @@
 """MQAR pair sensitivity of trained runs and of the same models at initialisation.
 
-    python scripts/recall_probe.py RUN [RUN ...] [--length=64] [--pairs=8] [--min_distance=33]
+    python scripts/probe.py recall RUN [RUN ...] [--length=64] [--pairs=8] [--min_distance=33]
 
 For each MQAR run (a workdir of ``titans-lm train --config=configs/tasks/mqar.py:<backbone>`` or
 of ``scripts/long_context.py``), the held-out rows its evaluation uses at ``--length`` with
@@ -29,12 +29,10 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="probe.py recall", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="workdirs of MQAR runs")
     p.add_argument("--length", type=int, default=64, help="row length (the training length)")

@@ -1,17 +1,13 @@
-"""The engine benchmark's process isolation (``scripts/benchmark_memory.py --isolate``)."""
+"""The engine benchmark's process isolation (``scripts/benchmark.py engine --isolate``)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 from _backbones import REPO
+from titans_lm.bench import engine as bm
 
-SCRIPT = REPO / "scripts" / "benchmark_memory.py"
-sys.path.insert(0, str(SCRIPT.parent))
-_spec = importlib.util.spec_from_file_location("benchmark_memory_script", SCRIPT)
-bm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bm)
+SCRIPT = REPO / "scripts" / "benchmark.py"
 
 
 def test_without_flag_drops_the_flag_and_its_values():
@@ -24,7 +20,7 @@ def test_without_flag_drops_the_flag_and_its_values():
 
 def test_isolate_merges_the_timed_calls_of_every_process():
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--impls", "chunked", "--models", "linear", "--d", "8",
+        [sys.executable, str(SCRIPT), "engine", "--impls", "chunked", "--models", "linear", "--d", "8",
          "--chunks", "4", "--T", "16", "--modes", "fwd", "--repeats", "2", "--isolate", "2"],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]

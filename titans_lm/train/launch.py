@@ -1,6 +1,7 @@
-"""Run ``titans-lm train`` as N cooperating processes on this machine (JAX's distributed runtime).
+"""``titans-lm launch``: run ``titans-lm train`` as N cooperating processes on this machine (JAX's
+distributed runtime).
 
-    python scripts/launch_local.py --num_processes 2 --devices_per_process 4 -- \\
+    titans-lm launch --num_processes 2 --devices_per_process 4 -- \\
         --config=configs/transformer.py:tiny --workdir=runs/tiny-2x4
 
 Everything after ``--`` goes to ``titans-lm train`` (``--command eval`` etc. for another
@@ -30,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -91,7 +92,7 @@ def launch(args: list[str], *, num_processes: int, devices_per_process: int = 4,
             procs.append(subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=f,
                                           stderr=subprocess.STDOUT))
             logs.append(path)
-    print(f"launch_local: {num_processes} processes x {devices_per_process or 'default'} devices, "
+    print(f"titans-lm launch: {num_processes} processes x {devices_per_process or 'default'} devices, "
           f"coordinator 127.0.0.1:{port}, logs of processes 1..{num_processes - 1} in {log_dir}",
           file=out, flush=True)
 
@@ -130,7 +131,7 @@ def launch(args: list[str], *, num_processes: int, devices_per_process: int = 4,
             if failed and not received:
                 i, c = failed[0]
                 where = f"; its log ends:\n{_tail(logs[i])}" if logs[i] else ""
-                print(f"launch_local: process {i} {_status(c)}; stopping the other "
+                print(f"titans-lm launch: process {i} {_status(c)}; stopping the other "
                       f"processes{where}", file=out, flush=True)
                 stop_all()
                 return 128 - c if c < 0 else c
@@ -138,7 +139,7 @@ def launch(args: list[str], *, num_processes: int, devices_per_process: int = 4,
                 bad = [c for c in codes if c != 0]
                 return 0 if not bad else (128 - bad[0] if bad[0] < 0 else bad[0])
             if time.monotonic() - start > timeout_s:
-                print(f"launch_local: the run exceeded --timeout_s={timeout_s:g}; stopping every "
+                print(f"titans-lm launch: the run exceeded --timeout_s={timeout_s:g}; stopping every "
                       f"process", file=out, flush=True)
                 stop_all()
                 return 124
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         own, rest = argv[:cut], argv[cut + 1:]
     else:
         own, rest = argv, []
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="titans-lm launch", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num_processes", type=int, default=2)
     ap.add_argument("--devices_per_process", type=int, default=4,
