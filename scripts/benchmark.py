@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import itertools
 import json
 import math
@@ -65,6 +64,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titans_lm.config import load_module
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
 MEMORY_BACKBONES = BACKBONES[2:]
@@ -73,11 +74,9 @@ MEMORY_BACKBONES = BACKBONES[2:]
 def load_config(backbone: str, size: str):
     """``get_config(size)`` of ``configs/<backbone>.py`` (``125m`` -> ``170m`` for memory backbones)."""
     path = ROOT / "configs" / f"{backbone}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{backbone}", path)
+    mod = load_module(path)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"config file {path} not found")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     if size == "125m" and backbone in MEMORY_BACKBONES:
         size = "170m"
     return mod.get_config(size)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.util
 import json
 import math
 import sys
@@ -62,6 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from titans_lm.config import load  # noqa: E402
 from titans_lm.memory.config import MemoryConfig, chunk_write_gain  # noqa: E402
 from titans_lm.memory.layer import NeuralMemory  # noqa: E402
 from titans_lm.memory.scan import memory_read  # noqa: E402
@@ -73,10 +73,7 @@ POSITIONS = (16, 32, 64, 256, 1024, 2048)
 
 def lmm_memory_config(size: str = "tiny", **overrides) -> MemoryConfig:
     """The memory settings of ``configs/lmm.py:<size>`` (float32), then ``overrides``."""
-    spec = importlib.util.spec_from_file_location("lmm_config", REPO / "configs" / "lmm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    m = mod.get_config(size).model
+    m = load(REPO / "configs" / "lmm.py", size).model
     m.dtype = m.param_dtype = "float32"
     return dataclasses.replace(memory_config(m), **overrides)
 
