@@ -35,7 +35,7 @@ class ConfigSpecParser(flags.ArgumentParser):
             raise ValueError(f"cannot load the config file {argument!r}: "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         except Exception as e:  # what the config file raised: keep its traceback's text
-            kind = type(e) if isinstance(e, (ValueError, TypeError)) else ValueError
+            kind = TypeError if isinstance(e, TypeError) else ValueError
             raise kind("Error whilst parsing config file:\n\n" + traceback.format_exc()) from None
         if config is None:
             logging.warning("%s: get_config() returned None, did you forget a return statement?",
