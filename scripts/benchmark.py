@@ -64,7 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titans_lm.config import load_module
+from titans_lm.config import load
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
@@ -73,13 +73,9 @@ MEMORY_BACKBONES = BACKBONES[2:]
 
 def load_config(backbone: str, size: str):
     """``get_config(size)`` of ``configs/<backbone>.py`` (``125m`` -> ``170m`` for memory backbones)."""
-    path = ROOT / "configs" / f"{backbone}.py"
-    mod = load_module(path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"config file {path} not found")
     if size == "125m" and backbone in MEMORY_BACKBONES:
         size = "170m"
-    return mod.get_config(size)
+    return load(ROOT / "configs" / f"{backbone}.py", size)  # FileNotFoundError naming a missing file
 
 
 def memory_fields(mem) -> dict:

@@ -44,9 +44,14 @@ def test_errors_of_the_config_file_pass_through(tmp_path):
         load(tmp_path / "empty.py")
 
 
-def test_each_load_is_a_fresh_module():
+def test_each_load_is_a_fresh_module(tmp_path):
     a, b = (load_module(REPO / "configs" / "transformer.py") for _ in range(2))
     assert a is not b and a.__name__ != b.__name__ and a.SIZES == b.SIZES
+    (tmp_path / "with_dataclass.py").write_text(
+        "from __future__ import annotations\nimport dataclasses\n\n"
+        "@dataclasses.dataclass\nclass Run:\n    steps: int = 2\n\n"
+        "def get_config(arg=None):\n    return Run()\n")
+    assert load(tmp_path / "with_dataclass.py").steps == 2  # a dataclass finds its module
 
 
 def test_configs_find_their_siblings_next_to_themselves(monkeypatch, tmp_path):

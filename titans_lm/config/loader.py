@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -42,8 +43,9 @@ def split_spec(spec: str | os.PathLike) -> tuple[Path, str | None]:
 
 
 def load_module(path: str | os.PathLike) -> ModuleType:
-    """The Python file ``path`` executed as a module of its own (not entered in ``sys.modules``,
-    so two config files of the same name never meet).
+    """The Python file ``path`` executed as a module of its own, entered in ``sys.modules`` under
+    a name used once (so that a dataclass in it finds its module, and two files of the same
+    name, or two loads of one file, never meet).
 
     Raises:
       FileNotFoundError: ``path`` is not a file (naming it).
@@ -54,7 +56,12 @@ def load_module(path: str | os.PathLike) -> ModuleType:
     name = f"_titans_lm_config_{path.stem}_{next(_COUNTER)}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
 
 
