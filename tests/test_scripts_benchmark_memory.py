@@ -1,17 +1,15 @@
 """The engine benchmark's process isolation (``scripts/benchmark_memory.py --isolate``)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 from _backbones import REPO
+from titans_lm.config import load_module
 
 SCRIPT = REPO / "scripts" / "benchmark_memory.py"
 sys.path.insert(0, str(SCRIPT.parent))
-_spec = importlib.util.spec_from_file_location("benchmark_memory_script", SCRIPT)
-bm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bm)
+bm = load_module(SCRIPT)
 
 
 def test_without_flag_drops_the_flag_and_its_values():

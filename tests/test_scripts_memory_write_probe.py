@@ -1,21 +1,16 @@
 """The at-init memory write probe (``scripts/memory_write_probe.py``) on a tiny layer."""
 
-import importlib.util
 import json
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from _backbones import REPO
+from titans_lm.config import load_module
 from titans_lm.memory.config import MemoryConfig
 
-_spec = importlib.util.spec_from_file_location("memory_write_probe",
-                                               REPO / "scripts" / "memory_write_probe.py")
-probe_script = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = probe_script   # its dataclass looks its module up
-_spec.loader.exec_module(probe_script)
+probe_script = load_module(REPO / "scripts" / "memory_write_probe.py")
 
 B, T, D, CHUNK = 2, 32, 16, 4
 POSITIONS = (4, 8, 32)

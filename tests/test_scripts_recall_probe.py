@@ -1,16 +1,12 @@
 """scripts/recall_probe.py: its options and its table (the probe itself: test_eval_recall.py)."""
 
-import importlib.util
-import sys
 
 import pytest
 
 from _backbones import REPO
+from titans_lm.config import load_module
 
-_spec = importlib.util.spec_from_file_location("recall_probe", REPO / "scripts" / "recall_probe.py")
-recall_probe = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = recall_probe
-_spec.loader.exec_module(recall_probe)
+recall_probe = load_module(REPO / "scripts" / "recall_probe.py")
 
 
 def test_options_and_table():
