@@ -18,7 +18,8 @@ Memory settings, tiny and paper runs, persistent tokens and ablation switches:
 
 from __future__ import annotations
 
-from titans_lm.models.presets import PAPER_SIZES, titans_config
+from titans_lm.config.presets import PAPER_SIZES
+from titans_lm.models.presets import titans_config
 
 #            d_model, n_layers, n_heads, d_ff
 _PAPER = {

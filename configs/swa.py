@@ -9,13 +9,11 @@ so whatever a memory model recalls beyond the window is the memory's doing.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("transformer_config",
-                                               Path(__file__).resolve().parent / "transformer.py")
-_transformer = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_transformer)
+from titans_lm.config import load_module
+
+_transformer = load_module(Path(__file__).resolve().with_name("transformer.py"))
 SIZES = _transformer.SIZES
 
 

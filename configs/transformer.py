@@ -20,7 +20,7 @@ common choice at these scales). Training length: 125m 2.5B tokens (TTT's Chinchi
 from __future__ import annotations
 
 from titans_lm.config import base_config
-from titans_lm.models.presets import check_size, set_paper_run, set_shell, set_tiny_run
+from titans_lm.config.presets import check_size, set_paper_run, set_shell, set_tiny_run
 
 #            d_model, n_layers, n_heads, d_ff, train tokens
 _PAPER_SIZES = {

@@ -9,7 +9,8 @@ running-mean reads, no momentum or decay, learned W0, heads of 64, runs):
 
 from __future__ import annotations
 
-from titans_lm.models.presets import PAPER_SIZES, ttt_config
+from titans_lm.config.presets import PAPER_SIZES
+from titans_lm.models.presets import ttt_config
 
 #            d_model, n_layers, d_ff
 _PAPER = {

@@ -9,7 +9,8 @@ heads of 64, runs): ``titans_lm.models.presets.ttt_config``.
 
 from __future__ import annotations
 
-from titans_lm.models.presets import PAPER_SIZES, ttt_config
+from titans_lm.config.presets import PAPER_SIZES
+from titans_lm.models.presets import ttt_config
 
 #            d_model, n_layers, d_ff
 _PAPER = {

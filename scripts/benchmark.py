@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
-import importlib.util
 import itertools
 import math
 import os
@@ -77,6 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from titans_lm.bench.output import emit, pyplot  # noqa: E402
 from titans_lm.bench.timing import (Job, lower_and_compile, matmul_rates, max_rss_bytes,  # noqa: E402
                                     peak_job, ratios, rounds, xla_flops)
+from titans_lm.config import load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
@@ -87,15 +87,9 @@ TARGETS = {"engine": "titans_lm.bench.engine", "pallas": "titans_lm.bench.pallas
 
 def load_config(backbone: str, size: str):
     """``get_config(size)`` of ``configs/<backbone>.py`` (``125m`` -> ``170m`` for memory backbones)."""
-    path = ROOT / "configs" / f"{backbone}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{backbone}", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"config file {path} not found")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     if size == "125m" and backbone in MEMORY_BACKBONES:
         size = "170m"
-    return mod.get_config(size)
+    return load(ROOT / "configs" / f"{backbone}.py", size)  # FileNotFoundError naming a missing file
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:

@@ -88,8 +88,8 @@ def contexts(text: str) -> tuple[str, ...]:
 
 
 def overrides(args, backbone: str, task: str) -> dict[str, object]:
-    from titans_lm.data.task_configs import load_backbone_config
-    model = load_backbone_config(backbone).model
+    from titans_lm.config.tasks import load_backbone_config
+    model = load_backbone_config(backbone, REPO / "configs").model
     o: dict[str, object] = {"model.d_model": args.d_model, "model.n_layers": args.n_layers,
                             "model.d_ff": -(-8 * args.d_model // 3 // 8) * 8,
                             "train.steps": args.steps, "train.batch_size": args.batch_size,

@@ -15,7 +15,6 @@ W0 norm (``memory_norm_i``, ``titans_lm.memory.stats``) and seconds.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
@@ -23,16 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from titans_lm.config import load
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from titans_lm.bench import sweep  # noqa: E402
 
 
 def _config(depth: int, a, overrides: dict):
-    spec = importlib.util.spec_from_file_location("lmm_config", REPO / "configs" / "lmm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cfg = mod.get_config("tiny")
+    cfg = load(REPO / "configs" / "lmm.py", "tiny")
     cfg.model.memory.memory_depth = depth
     for k, v in overrides.items():
         cfg.model.memory[k] = v

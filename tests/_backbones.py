@@ -4,7 +4,6 @@ layout that checks causality and document independence with one compiled forward
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import jax
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from titans_lm.config import load
 from titans_lm.models import build_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,10 +24,7 @@ LEN_A = 50  # the first document's length; positions LEN_A..DOC2-1 are padding
 
 def load_config(name: str, size: str = "tiny"):
     path = REPO / "configs" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_config", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(size)
+    return load(path, size)
 
 
 def small_model_cfg(name: str, dtype: str = "float64", **changes):

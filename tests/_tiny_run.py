@@ -4,7 +4,6 @@ on tinyshakespeare (vocabulary 320, T = 64, d_model 32, 2 layers), built from th
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import jax
 import numpy as np
+
+from titans_lm.config import load
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_FILE = REPO / "configs" / "transformer.py"
@@ -28,10 +29,7 @@ OVERRIDES = {
 
 
 def load_config(size: str = "tiny"):
-    spec = importlib.util.spec_from_file_location("transformer_config", CONFIG_FILE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(size)
+    return load(CONFIG_FILE, size)
 
 
 def tiny_config(cache_dir: str | Path, **changes):

@@ -7,7 +7,7 @@ from flax import nnx
 
 from _backbones import BACKBONES, load_config
 from titans_lm.models import build_model, count_params
-from titans_lm.models.presets import PAPER_SIZES
+from titans_lm.config.presets import PAPER_SIZES
 
 
 def abstract_count(cfg) -> int:

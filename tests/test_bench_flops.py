@@ -1,6 +1,5 @@
 """The analytic FLOP counts against the matmuls JAX actually traces, and against hand counts."""
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +8,7 @@ from flax import nnx
 
 from _tiny_run import REPO
 
+from titans_lm.config import load
 from titans_lm.memory import MLPMemory, memory_scan
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.models import build_model
@@ -17,10 +17,7 @@ from titans_lm.bench.flops import (count_flops, jaxpr_matmul_flops, memory_chunk
 
 
 def small_config(name, persistent=False, **memory):
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    m = mod.get_config("tiny").model
+    m = load(REPO / "configs" / f"{name}.py", "tiny").model
     m.d_model, m.n_layers, m.d_ff, m.vocab_size = 128, 2, 96, 300
     if "n_persistent" in m and not persistent:
         m.n_persistent = 0

@@ -1,20 +1,15 @@
 """The experiment scripts' sweep runner (``titans_lm.bench.sweep``) and the results that
 ``scripts/compare_backbones.py`` builds from a run directory, without training."""
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from _backbones import REPO
 from titans_lm.bench import sweep
+from titans_lm.config import load_module
 
-_spec = importlib.util.spec_from_file_location("compare_backbones",
-                                               REPO / "scripts" / "compare_backbones.py")
-compare = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = compare
-_spec.loader.exec_module(compare)
+compare = load_module(REPO / "scripts" / "compare_backbones.py")
 
 
 def _metrics(workdir, records):

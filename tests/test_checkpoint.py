@@ -9,7 +9,8 @@ import pytest
 
 from _tiny_run import tiny_config, tree_max_abs_diff
 from titans_lm.train import sharding as shd
-from titans_lm.train.checkpoint import Checkpointer, CheckpointError, config_differences
+from titans_lm.config.compat import config_differences
+from titans_lm.train.checkpoint import Checkpointer, CheckpointError
 from titans_lm.train.optimizer import make_optimizer
 from titans_lm.train.state import abstract_state, init_state, model_fns
 

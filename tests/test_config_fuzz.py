@@ -1,7 +1,6 @@
 """Config fuzzing through the CLI's config path: random tiny configs, valid and invalid, each
 either trains one step or stops with one clear message naming a config field."""
 
-import importlib.util
 import random
 import re
 
@@ -9,6 +8,7 @@ import pytest
 
 from _tiny_run import REPO, VOCAB
 from titans_lm import cli
+from titans_lm.config import load
 from titans_lm.train.checkpoint import CheckpointError
 from titans_lm.train.loop import train
 
@@ -69,10 +69,7 @@ def _draw(rng: random.Random):
 
 
 def _load(backbone):
-    spec = importlib.util.spec_from_file_location(f"{backbone}_config", CONFIGS[backbone])
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config("tiny")
+    return load(CONFIGS[backbone], "tiny")
 
 
 def _run(backbone, overrides, cache, workdir):

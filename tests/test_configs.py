@@ -1,27 +1,21 @@
-import importlib.util
+"""configs/transformer.py: every size builds, with logical axes, near its name's parameter count."""
+
 import re
 from pathlib import Path
 
 import pytest
 from absl import flags
 from flax import nnx
-from ml_collections import config_flags
 
-from titans_lm.config import validate
+from titans_lm.config import load_module, validate
+from titans_lm.config.flag import define_config_flag
 from titans_lm.models import build_model, count_params
 from titans_lm.nn.init import AXIS_NAMES
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "transformer.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("transformer_config", CONFIG_PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-MOD = _load()
+MOD = load_module(CONFIG_PATH)
 
 
 def _abstract(cfg):
@@ -75,8 +69,7 @@ def test_loads_through_config_flags_with_overrides():
     argv = ["prog", f"--config={CONFIG_PATH}:340m", "--config.model.window=512",
             "--config.model.remat=none"]
     fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "config file", flag_values=fv, lock_config=True,
-                                    sys_argv=argv)
+    define_config_flag("config", "config file", flag_values=fv, sys_argv=argv)
     fv(argv)
     cfg = fv.config
     assert cfg.model.d_model == 1024 and cfg.model.window == 512 and cfg.model.remat == "none"

@@ -1,6 +1,5 @@
 """configs/swa.py: the sliding-window-only Transformer++ control."""
 
-import importlib.util
 from pathlib import Path
 
 import jax
@@ -8,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from titans_lm.config import validate
+from titans_lm.config import load_module, validate
 from titans_lm.train.optimizer import make_optimizer
 from titans_lm.train.state import init_state, model_fns
 from titans_lm.train import sharding as shd
@@ -18,10 +17,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_cfg", CONFIGS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(CONFIGS / f"{name}.py")
 
 
 def _small(window=8, n_layers=1):

@@ -1,6 +1,5 @@
 """Loss by position over streamed documents, and the memory ablation probe (float64 models)."""
 
-import importlib.util
 import json
 
 import jax
@@ -10,6 +9,7 @@ import pytest
 
 from _documents import random_docs
 from _tiny_run import REPO, tiny_config
+from titans_lm.config import load
 from titans_lm.eval.by_position import loss_by_position
 from titans_lm.eval.by_position_eval import (ablate_memory, ablation_summary, carry_losses,
                                              evaluate_by_position, format_ablation,
@@ -39,10 +39,7 @@ def _docs(lengths, seed=0):
 
 
 def _model(name, **changes):
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    m = mod.get_config("tiny").model
+    m = load(REPO / "configs" / f"{name}.py", "tiny").model
     m.vocab_size, m.d_model, m.n_layers, m.d_ff = VOCAB, 32, 2, 64
     m.dtype = m.param_dtype = "float64"
     if "n_heads" in m:

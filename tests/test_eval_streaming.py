@@ -1,7 +1,6 @@
 """Streaming (carry) evaluation: the schedule of windows over rows, and the scores of carried
 windows against reset windows and one long forward (float64 models)."""
 
-import importlib.util
 
 import jax
 import numpy as np
@@ -9,6 +8,7 @@ import pytest
 
 from _documents import random_docs
 from _tiny_run import REPO
+from titans_lm.config import load
 from titans_lm.eval.evaluate import make_score_fn, score_documents
 from titans_lm.eval.streaming import (StatefulLM, assign_rows, make_carry_step,
                                       score_documents_carry, stream_batches, stream_rows)
@@ -62,10 +62,7 @@ def test_stream_batches_hold_every_window_once_in_order():
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config("tiny").model
+    return load(REPO / "configs" / f"{name}.py", "tiny").model
 
 
 def _model(name, **changes):

@@ -1,8 +1,10 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from titans_lm.config import load_module
 from titans_lm.data import tasks as data_tasks
 from titans_lm.eval import tasks
 
@@ -107,15 +109,10 @@ def test_table_and_heatmap(tmp_path):
 
 @pytest.mark.slow
 def test_task_run_trains_resumes_exactly_and_evaluates(tmp_path):
-    import importlib.util
-
     from titans_lm.eval.evaluate import evaluate
     from titans_lm.train.loop import train
 
-    spec = importlib.util.spec_from_file_location("mqar_cfg", data_tasks.__file__.replace(
-        "titans_lm/data/tasks.py", "configs/tasks/mqar.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module(Path(__file__).resolve().parents[1] / "configs" / "tasks" / "mqar.py")
 
     def cfg():
         c = mod.get_config("transformer")

@@ -1,6 +1,7 @@
-"""Document starts and chunk starts: configurations that could put a reset inside a chunk are
-rejected, resets off a chunk start raise outside jit, and packed documents of every length from
-1 to 3 chunks (each padded to the alignment, as the pipeline pads them) equal each one alone."""
+"""Document starts and chunk starts in the engine: resets off a chunk start raise outside jit, and
+packed documents of every length from 1 to 3 chunks (each padded to the alignment, as the pipeline
+pads them) equal each one alone. (The configs that could put a reset inside a chunk are rejected
+by the config: tests/test_config_alignment.py.)"""
 
 import jax
 import jax.numpy as jnp
@@ -8,45 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from titans_lm.config import validate
 from titans_lm.memory import MemoryConfig, NeuralMemory, memory_scan
-from titans_lm.memory.alignment import check_reset_alignment
 from _memory_call import call_fresh
 
 CHUNK = 4
-
-
-def _load(name):
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parent.parent / "configs" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"cfg_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config("tiny")
-
-
-def test_config_rejects_a_chunk_size_that_does_not_divide_the_document_alignment():
-    c = _load("lmm")
-    validate(c)                                    # 16 divides 64
-    c.model.memory.chunk_size = 48
-    with pytest.raises(ValueError, match=r"model.memory.chunk_size=48 must divide data.doc_align=64"):
-        validate(c)
-
-
-def test_config_names_every_offending_field():
-    c = _load("mac")
-    c.model.memory.chunk_size = 48
-    c.model.segment_len = 100
-    with pytest.raises(ValueError) as e:
-        validate(c)
-    msg = str(e.value)
-    assert "model.memory.chunk_size=48" in msg and "data.doc_align=64" in msg
-    assert "model.segment_len=100" in msg
-    c.model.memory.chunk_size = 16
-    c.model.segment_len = 64
-    validate(c)
-    check_reset_alignment(8, {"data.doc_align": 64, "model.segment_len": 32})
 
 
 def test_a_reset_off_a_chunk_start_raises_outside_jit_and_is_ignored_under_jit():

@@ -7,7 +7,6 @@ memory heads) under a data/fsdp/tensor mesh, and equals the unsharded call and i
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 
 import jax
@@ -20,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from _memory_call import call_fresh
 from _tiny_run import REPO, random_batch
+from titans_lm.config import load
 from titans_lm.memory import sharded
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
@@ -145,10 +145,7 @@ def test_layer_forward_and_grads_per_shard_equal_the_unsharded_call(mesh_name, c
 
 # ------------------------------------------------------------------- the sharded train step
 def _lmm_config(impl):
-    spec = importlib.util.spec_from_file_location("lmm_config", REPO / "configs" / "lmm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cfg = mod.get_config("tiny")
+    cfg = load(REPO / "configs" / "lmm.py", "tiny")
     m = cfg.model
     m.vocab_size, m.d_model, m.n_layers, m.d_ff = 64, 32, 1, 64
     m.memory.head_dim, m.memory.memory_depth, m.memory.impl = 16, 1, impl   # 2 heads

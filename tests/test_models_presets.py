@@ -1,11 +1,13 @@
+"""The memory backbones' config builders: the memory section mirrors MemoryConfig, the Titans
+memory, backbone_config at tiny and paper sizes. (The run presets: tests/test_config_presets.py.)"""
+
 import dataclasses
 
 import pytest
 
-from titans_lm.config import base_config
+from titans_lm.config.presets import PAPER_SIZES
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.models.presets import (PAPER_SIZES, TITANS_MEMORY, backbone_config,
-                                      check_size, memory_section, set_paper_run, set_tiny_run,
+from titans_lm.models.presets import (TITANS_MEMORY, backbone_config, memory_section,
                                       titans_config, titans_memory_section)
 
 
@@ -20,26 +22,6 @@ def test_memory_section_has_every_switch():
     t = titans_memory_section(chunk_size=8)
     assert t.chunk_size == 8 and t.theta_max == TITANS_MEMORY["theta_max"]
     assert t.use_momentum and t.use_decay and t.use_conv and t.memory_depth == 2
-
-
-def test_runs():
-    c = base_config()
-    set_tiny_run(c)
-    assert (c.data.seq_len, c.train.batch_size, c.model.vocab_size) == (256, 8, 8192)
-    assert (c.train.steps, c.optim.lr) == (800, 2e-3)
-    for size, steps in (("170m", 28610), ("760m", 57220)):
-        c = base_config()
-        set_paper_run(c, size)
-        assert c.data.seq_len * c.train.batch_size == 524_288 and c.train.steps == steps
-        assert (c.optim.lr, c.optim.weight_decay, c.model.vocab_size) == (4e-4, 0.1, 32_000)
-    with pytest.raises(ValueError, match="unknown paper size"):
-        set_paper_run(base_config(), "1b")
-    c = base_config()
-    set_paper_run(c, "125m", train_tokens=2_500_000_000)
-    assert c.train.steps == 2_500_000_000 // 524_288
-    assert check_size("", ("tiny",) + PAPER_SIZES, "x") == "tiny"
-    with pytest.raises(ValueError, match="unknown lmm size 'huge'"):
-        check_size("huge", ("tiny",), "lmm")
 
 
 def test_backbone_config_builds_tiny_and_paper_sizes():

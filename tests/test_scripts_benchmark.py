@@ -1,16 +1,14 @@
 """The benchmark harness's configuration variants (``scripts/benchmark.py --variants --vary``)
 and its side-by-side ratios."""
 
-import importlib.util
 
 import pytest
 
 from _backbones import REPO, load_config
 from titans_lm.bench.timing import ratios
+from titans_lm.config import load_module
 
-_spec = importlib.util.spec_from_file_location("benchmark_script", REPO / "scripts" / "benchmark.py")
-benchmark = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(benchmark)
+benchmark = load_module(REPO / "scripts" / "benchmark.py")
 
 
 def test_variant_specs_parse_and_set_nested_model_fields():

@@ -1,18 +1,14 @@
 """The long-context comparison script (``scripts/long_context.py``): its per-backbone overrides,
 its context list and its tables, without training."""
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from _backbones import REPO
+from titans_lm.config import load_module
 
-_spec = importlib.util.spec_from_file_location("long_context", REPO / "scripts" / "long_context.py")
-long_context = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = long_context
-_spec.loader.exec_module(long_context)
+long_context = load_module(REPO / "scripts" / "long_context.py")
 
 
 def test_window_sets_every_attention_window_but_full_attention():

@@ -16,9 +16,10 @@ import pytest
 from _backbones import VOCAB, load_config, small_model_cfg
 from _tiny_run import tiny_config, tree_max_abs_diff
 from titans_lm.config import validate
+from titans_lm.config.compat import config_differences
+from titans_lm.config.serialize import config_to_json_dict
 from titans_lm.train import sharding as shd
 from titans_lm.train.carry import batch_leaves, model_state_shardings
-from titans_lm.train.checkpoint import config_differences, config_to_json_dict
 from titans_lm.train.state import init_params, model_fns
 from titans_lm.train.step import carried_nll_sum, loss_sums, split_batch
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-import importlib.util
 
 from _tiny_run import CONFIG_FILE, REPO, cli_args, run_cli, tiny_config
+from titans_lm.config import load
 from titans_lm.train.distributed import resolve
 
 from titans_lm.train import launch
@@ -48,10 +48,7 @@ def _config(cache, lmm: bool):
     cfg = tiny_config(cache, **STEPS)
     if not lmm:
         return cfg
-    spec = importlib.util.spec_from_file_location("lmm_config", REPO / "configs" / "lmm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    lcfg = mod.get_config("tiny")
+    lcfg = load(REPO / "configs" / "lmm.py", "tiny")
     for section in ("data", "train", "optim", "mesh", "eval"):
         lcfg[section] = cfg[section]
     for k in ("vocab_size", "d_model", "n_layers", "d_ff"):

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from _tiny_run import tiny_config
-from titans_lm.train.run_files import (check_run_data, config_json, read_run_data,
-                                       write_run_config, write_run_data)
+from titans_lm.config.serialize import config_json
+from titans_lm.train.run_files import (check_run_data, read_run_data, write_run_config,
+                                       write_run_data)
 
 
 def _prepared(tok="aa" * 32, train="c-train-1", validation="c-validation-1"):

@@ -1,10 +1,11 @@
-import importlib.util
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from titans_lm.config import load
 from titans_lm.data import tasks as data_tasks
 from titans_lm.train.checkpoint import Checkpointer, CheckpointError
 from titans_lm.train.loop import train
@@ -17,11 +18,8 @@ QUIET = dict(progress=False, log=lambda m: None)
 
 
 def _cfg(seq_len=64, **model):
-    spec = importlib.util.spec_from_file_location("mqar_cfg", data_tasks.__file__.replace(
-        "titans_lm/data/tasks.py", "configs/tasks/mqar.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config("transformer")
+    c = load(Path(__file__).resolve().parents[1] / "configs" / "tasks" / "mqar.py",
+             "transformer")
     c.data.vocab_size = 1024
     c.data.seq_len = seq_len
     c.model.update({**dict(d_model=32, n_layers=1, n_heads=2, d_ff=64), **model})

@@ -33,13 +33,13 @@ import sys
 from pathlib import Path
 
 from absl import app, flags, logging as absl_logging
-from ml_collections import config_flags
+
+from titans_lm.config.flag import define_config_flag
 
 COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot", "launch")
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Run config: path/to/config.py[:size], e.g. configs/transformer.py:tiny.",
-    lock_config=True)
+_CONFIG = define_config_flag(
+    "config", "Run config: path/to/config.py[:size], e.g. configs/transformer.py:tiny.")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run directory (checkpoints, metrics.jsonl, tb/, eval_*.json). "
     "Default for train: runs/<config name>-<size>.")
@@ -145,7 +145,7 @@ def command_help(cmd: str) -> str:
         if flag.flag_type() == "bool":
             lines.append(f"      (--{name} / --no{name})")
     if cmd == "eval":
-        from titans_lm.cli_config import EVAL_OVERRIDABLE
+        from titans_lm.config.overrides import EVAL_OVERRIDABLE
         lines.append("  --config.<field>=VALUE: change the checkpoint's config at evaluation time, "
                      "e.g. --config.data.seq_len=1024; allowed fields: " + ", ".join(EVAL_OVERRIDABLE))
     elif "config" in COMMAND_FLAGS[cmd]:
@@ -174,7 +174,7 @@ def _load_config():
     except OSError as e:
         spec = flags.FLAGS["config"].config_filename
         raise UsageError(f"cannot load the config file {spec!r}: {str(e).splitlines()[0]}") from None
-    from titans_lm.cli_config import resolve_config
+    from titans_lm.data.user_corpus import resolve_config
     return resolve_config(cfg)
 
 
@@ -261,7 +261,7 @@ def _generate(argv) -> int:
 
 def _config(argv) -> int:
     del argv
-    from titans_lm.cli_config import config_json
+    from titans_lm.config.serialize import config_json
     from titans_lm.config import validate
     cfg = _load_config()
     validate(cfg)
@@ -395,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         print(command_help(cmd))
         return 0
     sub_argv = [f"{Path(argv[0]).name} {cmd}"] + argv[2:]
-    if cmd == "eval":  # eval applies --config.* to the checkpoint's config (titans_lm.cli_config)
-        from titans_lm.cli_config import split_overrides
+    if cmd == "eval":  # --config.* change the checkpoint's config (titans_lm.config.overrides)
+        from titans_lm.config.overrides import split_overrides
         try:
             sub_argv, overrides = split_overrides(sub_argv)
         except ValueError as e:

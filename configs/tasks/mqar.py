@@ -15,7 +15,11 @@ Fields of the ``task`` section: ``train_pairs``, ``power_a``, ``eval_lengths``, 
 
 from __future__ import annotations
 
-from titans_lm.data.task_configs import task_config
+from pathlib import Path
+
+from titans_lm.config.tasks import task_config
+
+BACKBONES = Path(__file__).resolve().parents[1]  # configs/: the backbones' config files
 
 
 def get_config(spec: str = "transformer"):
@@ -24,7 +28,7 @@ def get_config(spec: str = "transformer"):
     Raises:
       ValueError: an unknown backbone or size.
     """
-    c = task_config("mqar", spec, vocab_size=8192, seq_len=256, fields=dict(
+    c = task_config("mqar", spec, config_dir=BACKBONES, vocab_size=8192, seq_len=256, fields=dict(
         train_pairs=(16, 32, 64), power_a=0.01, eval_lengths=(256, 512, 1024),
         eval_pairs=(64, 128, 256), eval_examples=64, eval_batch_size=16, eval_context="reset"))
     return c

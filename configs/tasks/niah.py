@@ -14,7 +14,11 @@ unreachable by construction (the no-memory floor).
 
 from __future__ import annotations
 
-from titans_lm.data.task_configs import task_config
+from pathlib import Path
+
+from titans_lm.config.tasks import task_config
+
+BACKBONES = Path(__file__).resolve().parents[1]  # configs/: the backbones' config files
 
 
 def get_config(spec: str = "transformer"):
@@ -23,7 +27,9 @@ def get_config(spec: str = "transformer"):
     Raises:
       ValueError: an unknown backbone or size.
     """
-    return task_config("niah", spec, vocab_size=1024, seq_len=256, fields=dict(
+    fields = dict(
         variant="niah_single_1", train_depths=(0.0, 100.0),
         eval_lengths=(1024, 2048, 4096, 8192, 16384), eval_depths=(0.0, 25.0, 50.0, 75.0, 100.0),
-        eval_examples=32, eval_batch_size=8, eval_context="reset"))
+        eval_examples=32, eval_batch_size=8, eval_context="reset")
+    return task_config("niah", spec, config_dir=BACKBONES, vocab_size=1024, seq_len=256,
+                       fields=fields)

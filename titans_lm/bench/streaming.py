@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from titans_lm.config import load
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -48,11 +50,7 @@ def _peak_rss_mb() -> float:
 
 
 def _config(args, name: str):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"{name}_cfg", REPO / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cfg = mod.get_config("tiny")
+    cfg = load(REPO / "configs" / f"{name}.py", "tiny")
     cfg.data.corpus = args.corpus
     cfg.data.vocab_size = cfg.model.vocab_size = args.vocab
     cfg.data.seq_len = args.seq_len

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib.util
 import json
 import math
 import time
@@ -57,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from titans_lm.config import load
 from titans_lm.memory.config import MemoryConfig, chunk_write_gain
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.memory.scan import memory_read
@@ -70,10 +70,7 @@ POSITIONS = (16, 32, 64, 256, 1024, 2048)
 
 def lmm_memory_config(size: str = "tiny", **overrides) -> MemoryConfig:
     """The memory settings of ``configs/lmm.py:<size>`` (float32), then ``overrides``."""
-    spec = importlib.util.spec_from_file_location("lmm_config", REPO / "configs" / "lmm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    m = mod.get_config(size).model
+    m = load(REPO / "configs" / "lmm.py", size).model
     m.dtype = m.param_dtype = "float32"
     return dataclasses.replace(memory_config(m), **overrides)
 

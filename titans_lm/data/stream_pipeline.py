@@ -11,7 +11,7 @@ step ``s + 1`` must instead continue exactly where row ``r`` of step ``s`` stopp
 - With ``doc_align = A > 1`` each document is followed by padding (token ``PAD_ID``, segment id 0)
   up to the next multiple of A of the row stream, so every document starts at a multiple of A
   (and, since T is a multiple of A, at a multiple of A inside its window): a neural memory honours
-  a document start only at a chunk start (``titans_lm.memory.alignment``). Padding is never scored
+  a document start only at a chunk start (``titans_lm.config.alignment``). Padding is never scored
   and writes nothing into a memory.
 - Segment ids number the documents of a row (1, 2, 3, ...): a document that does not end inside
   a window continues in the next step's window of the same row *with the same segment id at its

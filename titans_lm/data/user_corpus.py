@@ -256,6 +256,12 @@ def absolute_corpus(corpus: str) -> str:
     return str(Path(corpus).expanduser().resolve())
 
 
+def resolve_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``cfg`` with ``data.corpus`` made absolute when it is a path (changed in place, returned)."""
+    cfg.data.corpus = absolute_corpus(cfg.data.corpus)
+    return cfg
+
+
 def load_splits(data_cfg: ml_collections.ConfigDict, splits) -> dict[str, list[Document]]:
     """:func:`load_split` for several splits, reading a user corpus once."""
     if not is_user_corpus(data_cfg.corpus):

@@ -347,7 +347,7 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
       ValueError: a bad context or ``ablate_at``, or a model the ablation cannot apply to;
         CheckpointError: no checkpoint (see :func:`titans_lm.eval.evaluate.load_run`).
     """
-    from titans_lm.cli_config import result_suffix
+    from titans_lm.config.overrides import result_suffix
     from titans_lm.data.prepare import prepare, tokenize_documents
     from titans_lm.eval.evaluate import _datasets, context_modes, load_run
     from titans_lm.train.run_files import check_run_data

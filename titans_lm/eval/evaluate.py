@@ -12,8 +12,8 @@ WikiText-2 raw set of the same split (``test`` by default, ``validation`` with
 ``split="validation"``; each article a document; the test set is the text of the Titans paper's
 "Wiki. ppl"). ``text_file`` scores one user file as a single document instead.
 
-``overrides`` change the checkpoint's config at evaluation time (``titans_lm.cli_config``: the
-window length ``data.seq_len``, the compute dtype, the memory implementation, batch sizes); the
+``overrides`` change the checkpoint's config at evaluation time (``titans_lm.config.overrides``:
+the window length ``data.seq_len``, the compute dtype, the memory implementation, batch sizes); the
 results of a changed window, dtype or implementation are named apart (``eval_<name>_seq_len1024``).
 
 Baseline: a unigram model of the same tokenizer, frequencies counted on the training split's
@@ -181,7 +181,7 @@ def load_run(workdir: str | Path, step: int | None = None, *, max_context: int |
              log: Log | None = None) -> LoadedRun:
     """Restore the parameters of ``workdir``'s checkpoint ``step`` (default: the newest) with
     the model its saved config describes (with ``overrides``, eval-time config changes:
-    :func:`titans_lm.cli_config.apply_eval_overrides`).
+    :func:`titans_lm.config.overrides.apply_eval_overrides`).
 
     ``bad_checkpoint``: "fallback" (a checkpoint whose parameters or config are damaged is named
     and the previous complete one used; not with an explicit ``step``) or "refuse". Damage to
@@ -191,7 +191,7 @@ def load_run(workdir: str | Path, step: int | None = None, *, max_context: int |
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
       ValueError: a bad ``max_context`` or an override that evaluation cannot apply.
     """
-    from titans_lm.cli_config import apply_eval_overrides
+    from titans_lm.config.overrides import apply_eval_overrides
     from titans_lm.config import validate
 
     primary = jax.process_index() == 0
@@ -257,7 +257,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
         on a synthetic task is scored by :func:`titans_lm.eval.tasks.evaluate_task` instead
         (accuracy on its answers), in each of these contexts; None: its ``task.eval_context``.
       overrides: ``{field: value text}`` applied to the checkpoint's config
-        (:func:`titans_lm.cli_config.apply_eval_overrides`).
+        (:func:`titans_lm.config.overrides.apply_eval_overrides`).
       log: message sink. progress: show progress bars.
       bad_checkpoint: "fallback" or "refuse" (:func:`load_run`).
 
@@ -271,7 +271,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       ValueError / FileNotFoundError: unknown split or context, missing or unreadable text, an
         override eval cannot apply, or training data that changed since the run was trained.
     """
-    from titans_lm.cli_config import result_suffix
+    from titans_lm.config.overrides import result_suffix
     from titans_lm.data.prepare import prepare, tokenize_documents
     from titans_lm.train.run_files import check_run_data
 

@@ -299,7 +299,7 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
       max_length: skip settings longer than this (e.g. "whole" attention at 16K on a CPU).
       log: message sink.
       overrides: ``{field: value text}`` applied to the checkpoint's config
-        (:func:`titans_lm.cli_config.apply_eval_overrides`).
+        (:func:`titans_lm.config.overrides.apply_eval_overrides`).
       bad_checkpoint: "fallback" or "refuse" (:func:`titans_lm.eval.evaluate.load_run`).
 
     Returns:

@@ -107,7 +107,7 @@ def check_resets(reset, chunk_size: int) -> None:
     starts (t % chunk_size == 0): a document that starts elsewhere would silently continue the
     previous document's memory. Under jax.jit (tracers) nothing is checked and such a flag is
     ignored; configurations are checked up front instead
-    (:func:`titans_lm.memory.alignment.check_reset_alignment`).
+    (:func:`titans_lm.config.alignment.check_reset_alignment`).
     """
     if reset is None or not is_concrete(reset):
         return
@@ -158,7 +158,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         to (reset_to, 0). Resets are honoured only at chunk starts (t % chunk_size == 0); a reset
         elsewhere raises ValueError outside jit and is ignored under jit (:func:`check_resets`).
         The data pipeline starts every document at a multiple of ``data.doc_align``, and the
-        configs require chunk sizes dividing it (:mod:`titans_lm.memory.alignment`).
+        configs require chunk sizes dividing it (:mod:`titans_lm.config.alignment`).
       reset_to: the parameters a reset restores (default: params0); same structure as params0.
       running_mean: TTT's reads inside a mini-batch (Sun et al. 2024; ttt-lm-jax ``token_idx``):
         the read at position j (0-based) of its chunk sees the gradient terms scaled by

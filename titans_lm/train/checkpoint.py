@@ -25,7 +25,6 @@ fails (a full disk) raises :class:`CheckpointSaveError`; the earlier checkpoints
 from __future__ import annotations
 
 import errno
-import json
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -36,18 +35,9 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from titans_lm.config.compat import config_differences, format_differences
+from titans_lm.config.serialize import config_to_json_dict
 from titans_lm.train import integrity
-
-# Fields whose change makes a checkpoint unusable for the requested run: every model field, and
-# the data fields that decide which token ids and which batches the run sees. Paths (data_dir,
-# cache_dir) and the trainer's schedule (steps, eval and checkpoint intervals) may change.
-DATA_FIELDS_CHECKED = ("corpus", "vocab_size", "tokenizer_sentences", "seq_len", "doc_align",
-                       "shuffle_seed", "streamed")
-TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
-# Checked fields added after checkpoints were first written: their value in a checkpoint that
-# predates them (so that older runs still resume).
-ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False}
-
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used (unreadable, or written by a different configuration)."""
@@ -79,17 +69,6 @@ def checkpoint_dir(workdir: str | Path) -> Path:
     return Path(workdir).resolve() / "checkpoints"
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _is_empty(x: Any) -> bool:
     return hasattr(x, "shape") and 0 in tuple(x.shape)
 
@@ -109,65 +88,6 @@ def _with_empty(restored: Any, abstract: Any) -> Any:
         return r
     flat_a, treedef = jax.tree.flatten(abstract)
     return treedef.unflatten([fill(a, r) for a, r in zip(flat_a, treedef.flatten_up_to(restored))])
-
-
-def config_to_json_dict(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The config as plain JSON types (tuples become lists)."""
-    return json.loads(cfg.to_json_best_effort())
-
-
-def config_differences(saved: Mapping[str, Any], requested: ml_collections.ConfigDict
-                       ) -> list[tuple[str, Any, Any]]:
-    """``(field, saved value, requested value)`` for each checked field that differs.
-
-    Checked: every ``model.*`` field and :data:`DATA_FIELDS_CHECKED`, :data:`TRAIN_FIELDS_CHECKED`.
-    A field present on one side only counts as different (shown as ``<absent>``).
-    """
-    want = _flatten(config_to_json_dict(requested))
-    have = {**ABSENT_MEANS, **_flatten(saved)}
-    keys = {k for k in set(want) | set(have) if k.startswith("model.")}
-    keys |= {f"data.{f}" for f in DATA_FIELDS_CHECKED} | {f"train.{f}" for f in TRAIN_FIELDS_CHECKED}
-    diffs = []
-    for k in sorted(keys):
-        a, b = have.get(k, "<absent>"), want.get(k, "<absent>")
-        if a != b:
-            diffs.append((k, a, b))
-    return diffs
-
-
-def format_differences(workdir: Path, step: int, diffs: list[tuple[str, Any, Any]]) -> str:
-    """The refusal to resume: ``model.name`` first when it differs, then one line per field
-    present on both sides with different values, then the fields only one side has (by name)."""
-    by_key = {k: (a, b) for k, a, b in diffs}
-    head = f"cannot resume {workdir}: its checkpoint (step {step}) was written"
-    if "model.name" in by_key:
-        a, b = by_key.pop("model.name")
-        head += f" for model.name={a!r}, but the config asks for model.name={b!r}"
-    else:
-        head += " with a different configuration"
-    both = [(k, a, b) for k, (a, b) in by_key.items() if "<absent>" not in (a, b)]
-    only_saved = [k for k, (a, b) in by_key.items() if b == "<absent>"]
-    only_new = [k for k, (a, b) in by_key.items() if a == "<absent>"]
-    def names(keys: list[str]) -> str:  # a section with more than 3 such fields: "sec.* (n)"
-        groups: dict[str, list[str]] = {}
-        for k in keys:
-            groups.setdefault(k.rsplit(".", 1)[0], []).append(k)
-        parts = []
-        for parent, ks in groups.items():
-            parts += [f"{parent}.* ({len(ks)} fields)"] if len(ks) > 3 else ks
-        return ", ".join(parts)
-
-    lines = [head + "."]
-    if both:
-        lines.append("fields that differ (checkpoint -> config):")
-        lines += [f"  {k}: {a!r} -> {b!r}" for k, a, b in both]
-    if only_saved:
-        lines.append(f"only in the checkpoint's config: {names(only_saved)}")
-    if only_new:
-        lines.append(f"only in the requested config: {names(only_new)}")
-    lines.append("Use a new --workdir for this config, or resume with the config the checkpoint "
-                 f"was written with ({Path(workdir) / 'config.json'}).")
-    return "\n".join(lines)
 
 
 def _first_line(err: Exception, limit: int = 300) -> str:

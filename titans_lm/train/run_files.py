@@ -1,8 +1,9 @@
 """What a run folder records besides checkpoints and metrics: ``config.json`` and ``data.json``.
 
-``config.json`` is the resolved config of the run (:func:`config_json`; ``titans-lm config``
-prints the same text without training), written when a run starts or resumes, after the
-checkpoint's config was found compatible, so it always describes the checkpoints beside it.
+``config.json`` is the resolved config of the run (:func:`titans_lm.config.serialize.config_json`;
+``titans-lm config`` prints the same text without training), written when a run starts or
+resumes, after the checkpoint's config was found compatible, so it always describes the
+checkpoints beside it.
 
 ``data.json`` records which tokenizer and which text the run was trained on.
 
@@ -25,13 +26,10 @@ from pathlib import Path
 
 import ml_collections
 
+from titans_lm.config.serialize import config_json
+
 RUN_DATA_FILE = "data.json"
 CONFIG_FILE = "config.json"
-
-
-def config_json(cfg: ml_collections.ConfigDict) -> str:
-    """The config as indented JSON with sorted keys (the content of ``config.json``)."""
-    return json.dumps(json.loads(cfg.to_json_best_effort()), indent=1, sort_keys=True) + "\n"
 
 
 def write_run_config(workdir: str | Path, cfg: ml_collections.ConfigDict) -> Path:

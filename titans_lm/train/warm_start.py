@@ -16,8 +16,9 @@ from typing import Any, Callable
 
 import ml_collections
 
-from titans_lm.train.checkpoint import (Checkpointer, CheckpointError, config_differences,
-                                        config_to_json_dict)
+from titans_lm.config.compat import config_differences
+from titans_lm.config.serialize import config_to_json_dict
+from titans_lm.train.checkpoint import Checkpointer, CheckpointError
 
 
 def _model_differences(saved: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict

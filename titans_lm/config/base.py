@@ -1,6 +1,7 @@
 """Run configuration shared by every backbone: data, optimiser, trainer, mesh, checkpoints, eval.
 
-A backbone's config file (``configs/<name>.py``) calls :func:`base_config` and fills ``model``.
+A backbone's config file (``configs/<name>.py``) calls :func:`base_config` (and the run presets of
+:mod:`titans_lm.config.presets`) and fills ``model``.
 Every field exists up front, so an override of an unknown field (``--config.train.stpes=5``) or a
 value of the wrong type fails at parse time with a message naming the field (ml_collections).
 :func:`validate` adds the value checks that types alone cannot express.
@@ -12,12 +13,26 @@ from pathlib import Path
 
 import ml_collections
 
+from titans_lm.config.alignment import check_config_alignment
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 def default_data_dir() -> str:
-    """The embedded corpora: ``<repo>/data`` next to the package (an editable install keeps it)."""
-    return str(Path(__file__).resolve().parent.parent / "data")
+    """The embedded corpora (``data/`` of the repository), as an absolute path.
+
+    - Run from a source checkout (an editable install, or ``PYTHONPATH`` at the repository):
+      ``<repo>/data`` beside the ``titans_lm`` package, whatever the current directory, as
+      before. A checkout is recognised by ``pyproject.toml`` and ``data/`` beside the package.
+    - A non-editable install (``pip install .``) has no repository beside the installed package:
+      the default is then ``data/`` of the current directory, so the main job runs from the
+      repository (``cd <repo> && titans-lm train --config=configs/transformer.py:tiny``), just as
+      ``--config=configs/...`` is read from there. Elsewhere, set ``--config.data.data_dir``.
+    """
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "data").is_dir():
+        return str(checkout / "data")
+    return str(Path.cwd().resolve() / "data")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -128,5 +143,4 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         need(v == -1 or v >= 1, f"mesh.{ax}", f"must be -1 or >= 1, got {v}")
     need(cfg.eval.batch_size > 0, "eval.batch_size", "must be positive")
     need("name" in cfg.model, "model.name", "missing: the config file must set model.name")
-    from titans_lm.memory.alignment import check_config_alignment  # a reset must start a chunk
-    check_config_alignment(cfg)
+    check_config_alignment(cfg)  # a document start, where the memory resets, must start a chunk

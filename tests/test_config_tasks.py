@@ -1,21 +1,17 @@
 """configs/tasks/*.py: a backbone's config with the data replaced by a synthetic task."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from titans_lm.config import validate
+from titans_lm.config import load_module, validate
 from titans_lm.data.tasks import eval_settings, task_spec
 
 TASKS = Path(__file__).resolve().parent.parent / "configs" / "tasks"
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(f"task_{name}", TASKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(TASKS / f"{name}.py")
 
 
 @pytest.mark.parametrize("backbone", ["transformer", "swa", "lmm", "mag-tiny"])

@@ -3,7 +3,7 @@
 import pytest
 
 from _tiny_run import tiny_config
-from titans_lm.cli_config import apply_eval_overrides, result_suffix, split_overrides
+from titans_lm.config.overrides import apply_eval_overrides, result_suffix, split_overrides
 from titans_lm.train.optimizer import schedule_warnings
 
 

@@ -10,7 +10,9 @@ document start could fall inside a chunk is rejected up front:
 * MAC runs the memory segment by segment, restarting the chunk grid at every segment, so
   ``model.segment_len`` must be a multiple of ``model.memory.chunk_size``.
 
-Outside jit the engine also rejects a reset flag off a chunk start (``check_resets``).
+Outside jit the engine also rejects a reset flag off a chunk start (``check_resets``). These are
+checks of the config (``titans_lm.config.validate`` runs :func:`check_config_alignment`), so they
+live with it and need nothing of the engine.
 """
 
 from __future__ import annotations

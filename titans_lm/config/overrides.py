@@ -1,13 +1,13 @@
-"""Config handling of the command line: the resolved config, ``config.json``, eval-time overrides.
+"""Eval-time overrides of a checkpoint's config, and the names of the results they produce.
 
-- :func:`resolve_config`: the config as a run uses it (a corpus path made absolute).
-- :func:`config_json` (from ``titans_lm.train.run_files``): the text of ``<workdir>/config.json``
-  and of ``titans-lm config``.
 - :func:`split_overrides` / :func:`apply_eval_overrides`: ``titans-lm eval`` rebuilds the model
   from the checkpoint's saved config; of the ``--config.<field>=VALUE`` overrides it honours those
   that make sense at evaluation time (:data:`EVAL_OVERRIDABLE`: the evaluation window length,
   the compute dtype, the memory engine's implementation, batch sizes, paths) and refuses the rest
   with a message naming them (they would change the model the checkpoint holds, or the training).
+- :func:`result_suffix`: the part of an eval result's file name that tells such overrides apart.
+
+(The config JSON of ``config.json`` and ``titans-lm config``: :mod:`titans_lm.config.serialize`.)
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
-
-from titans_lm.data.user_corpus import absolute_corpus
-from titans_lm.train.run_files import config_json  # noqa: F401  (titans-lm config prints it)
 
 # Fields ``eval`` may change, and why they are safe: none changes a parameter's shape or value.
 EVAL_OVERRIDABLE = (
@@ -31,12 +28,6 @@ EVAL_OVERRIDABLE = (
     "eval.batch_size", "eval.max_docs",
     "mesh.data", "mesh.fsdp", "mesh.tensor",
 )
-
-
-def resolve_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``cfg`` with ``data.corpus`` made absolute when it is a path (changed in place, returned)."""
-    cfg.data.corpus = absolute_corpus(cfg.data.corpus)
-    return cfg
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:

@@ -1,0 +1,49 @@
+"""Which config changes a checkpoint refuses: every model field and the data and trainer fields
+that decide the token ids and batches; paths and the schedule may change; fields added later
+read as their old meaning; the refusal names each field."""
+
+from pathlib import Path
+
+from _tiny_run import tiny_config
+from titans_lm.config.compat import ABSENT_MEANS, config_differences, format_differences
+from titans_lm.config.serialize import config_json, config_to_json_dict
+
+
+def test_paths_and_schedule_may_change_model_and_data_may_not(tmp_path):
+    saved = config_to_json_dict(tiny_config(tmp_path))
+    assert config_differences(saved, tiny_config("/elsewhere", train__steps=99,
+                                                 optim__lr=1e-4, data__data_dir="/d")) == []
+    diffs = config_differences(saved, tiny_config(tmp_path, model__d_model=64, data__seq_len=128,
+                                                  train__batch_size=4))
+    assert diffs == [("data.seq_len", 64, 128), ("model.d_model", 32, 64),
+                     ("train.batch_size", 8, 4)]
+
+
+def test_fields_absent_from_old_checkpoints_read_as_their_old_meaning(tmp_path):
+    saved = config_to_json_dict(tiny_config(tmp_path))
+    for field in ABSENT_MEANS:
+        section, leaf = field.split(".")
+        del saved[section][leaf]
+    assert config_differences(saved, tiny_config(tmp_path)) == []
+    assert config_differences(saved, tiny_config(tmp_path, data__streamed=True)) == [
+        ("data.streamed", False, True)]
+
+
+def test_refusal_names_each_field(tmp_path):
+    saved = config_to_json_dict(tiny_config(tmp_path))
+    saved["model"]["name"] = "lmm"
+    saved["model"]["memory_only"] = 1
+    want = tiny_config(tmp_path, model__d_model=64)
+    msg = format_differences(Path("/w"), 5, config_differences(saved, want))
+    assert msg.startswith("cannot resume /w: its checkpoint (step 5) was written for "
+                          "model.name='lmm', but the config asks for model.name='transformer'.")
+    assert "\n  model.d_model: 32 -> 64\n" in msg
+    assert "only in the checkpoint's config: model.memory_only" in msg
+    assert msg.rstrip().endswith("(/w/config.json).")
+
+
+def test_config_json_is_sorted_json_of_plain_types(tmp_path):
+    cfg = tiny_config(tmp_path)
+    text = config_json(cfg)
+    assert text.endswith("}\n") and '"seq_len": 64' in text
+    assert text.index('"data"') < text.index('"model"') < text.index('"train"')
