@@ -67,7 +67,6 @@ NIAH_VARIANTS = ("niah_single_1", "niah_single_2", "niah_single_3")
 NIAH_KEYS = 256
 NOISE_SENTENCE = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
                   "There and back again.")
-RULER_DEPTHS = tuple(int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)))
 
 
 # ------------------------------------------------------------------------------------------ MQAR

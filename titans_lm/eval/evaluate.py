@@ -51,11 +51,11 @@ from tqdm import tqdm
 
 from titans_lm.cli_config import result_suffix
 from titans_lm.config import BOS_ID, PAD_ID
-from titans_lm.data.corpora import Document, load_documents, read_text
+from titans_lm.data.corpora import load_documents, load_text_file
 from titans_lm.data.prepare import prepare, tokenize_documents
 from titans_lm.data.user_corpus import corpus_label, load_split
 from titans_lm.data.windows import eval_batches
-from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
+from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_totals
 from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import (CONTEXT_MODES, StatefulLM, carry_note, make_carry_step,
                                       score_documents_carry)
@@ -84,8 +84,8 @@ def unigram_totals(docs_tokens: Sequence[np.ndarray], texts: Sequence[str],
     """Totals of the unigram baseline on the same targets as the model (tokens after BOS)."""
     nll = -sum(float(log_probs[np.asarray(t[1:], np.int64)].sum()) for t in docs_tokens)
     n_tok = sum(max(len(t) - 1, 0) for t in docs_tokens)
-    words, nbytes = zip(*(text_counts(x) for x in texts)) if texts else ((), ())
-    return PerplexityTotals(nll, n_tok, int(sum(words)), int(sum(nbytes)))
+    counts = text_totals(texts)
+    return PerplexityTotals(nll, n_tok, counts.n_words, counts.n_bytes)
 
 
 def make_score_fn(fns: ModelFns, params_sh: Any, mesh) -> Callable:
@@ -119,8 +119,8 @@ def score_documents(score_fn: Callable, params: Any, docs_tokens: Sequence[np.nd
             nll += float(a)
             n_tok += int(c)
             bar.update(1)
-    words, nbytes = zip(*(text_counts(x) for x in texts)) if texts else ((), ())
-    return PerplexityTotals(nll, n_tok, int(sum(words)), int(sum(nbytes)))
+    counts = text_totals(texts)
+    return PerplexityTotals(nll, n_tok, counts.n_words, counts.n_bytes)
 
 
 def context_modes(context: str) -> tuple[str, ...]:
@@ -139,12 +139,8 @@ def context_modes(context: str) -> tuple[str, ...]:
 def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
     """[(name, corpus or None, split or None, documents)]."""
     if text_file is not None:
-        text = read_text(text_file)
-        if not text.strip():
-            raise ValueError(f"{text_file}: the file holds no text to score")
         where = hashlib.sha256(str(Path(text_file).resolve()).encode()).hexdigest()[:8]
-        return [(f"text-{Path(text_file).name}-{where}", None, None,
-                 [Document(Path(text_file).name, text)])]
+        return [(f"text-{Path(text_file).name}-{where}", None, None, load_text_file(text_file))]
     out = [(f"{corpus_label(cfg.data)}-{split}", cfg.data.corpus, split, load_split(cfg.data, split))]
     if wikitext and cfg.data.corpus != WIKITEXT_CORPUS:  # WikiText-2 of the same split
         out.append((f"wikitext2-{split}", WIKITEXT_CORPUS, split,
