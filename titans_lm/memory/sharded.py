@@ -33,7 +33,6 @@ for a :class:`ShardPlan`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 from typing import Callable, Sequence
@@ -147,11 +146,6 @@ def shard_plan(mesh: AbstractMesh | None, batch: int, heads: int) -> ShardPlan |
     return ShardPlan(mesh, batch_axes, head_axes, tuple(r_batch + r_heads))
 
 
-def _warn_once(reason: str) -> None:
-    warn_once(_log, "memory engine under shard_map: %s; that dimension runs whole on each device "
-              "along the axis (correct, duplicated work)", reason)
-
-
 def run_engine(fn: Callable, operands: Sequence, *, impl: str, batch: int, heads: int,
                mesh: AbstractMesh | None = None):
     """``fn(*operands)``, per shard of the current mesh when ``impl`` runs a Pallas kernel.
@@ -179,7 +173,8 @@ def run_engine(fn: Callable, operands: Sequence, *, impl: str, batch: int, heads
     if plan is None:
         return fn(*operands)
     for reason in plan.reasons:
-        _warn_once(reason)
+        warn_once(_log, "memory engine under shard_map: %s; that dimension runs whole on each "
+                  "device along the axis (correct, duplicated work)", reason)
     operands = list(operands)
     i = [n for n, _ in ENGINE_OPERANDS].index("state_length")
     if operands[i] is not None:   # an operand of shard_map must be an array
