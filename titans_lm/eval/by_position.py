@@ -125,7 +125,7 @@ def plot_by_position(runs: Mapping[str, Mapping[str, Any]], path: str | Path,
                      title: str = "loss by position") -> Path:
     """One curve per run: mean loss (nats) of each non-empty bucket against the bucket's
     geometric middle position, log-scaled x. Writes a PNG at ``path``."""
-    import matplotlib  # deliberate: an optional plotting dependency, loaded only to draw
+    import matplotlib  # deliberate: a heavy import, loaded only to draw
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deliberate: as above
 

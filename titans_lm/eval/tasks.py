@@ -216,7 +216,7 @@ def format_task_table(records: Sequence[dict], metric: str = "token_acc", title:
 def plot_task_heatmap(records: Sequence[dict], path: str | Path, metric: str = "token_acc",
                       title: str = "") -> Path:
     """A PNG heat map of ``metric`` in % (S-NIAH: depth x length; MQAR: one row by length)."""
-    import matplotlib  # deliberate: an optional plotting dependency, loaded only to draw
+    import matplotlib  # deliberate: a heavy import, loaded only to draw
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deliberate: as above
 

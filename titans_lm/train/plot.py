@@ -43,7 +43,7 @@ def plot_runs(workdirs: Sequence[str | Path], out: str | Path) -> Path:
     Raises:
       FileNotFoundError, ValueError: as :func:`run_curves`, naming the run.
     """
-    import matplotlib  # deliberate: an optional plotting dependency, loaded only to draw
+    import matplotlib  # deliberate: a heavy import, loaded only to draw
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deliberate: as above
 
