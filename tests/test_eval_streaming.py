@@ -12,7 +12,7 @@ from titans_lm.config import load
 from titans_lm.eval.evaluate import make_score_fn, score_documents
 from titans_lm.eval.streaming import (StatefulLM, assign_rows, make_carry_step,
                                       score_documents_carry, stream_batches, stream_rows)
-from titans_lm.eval.windows import num_windows
+from titans_lm.data.windows import num_windows
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import init_params, model_fns
 

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from _memory_call import call_fresh
 from _tiny_run import REPO, random_batch
 from titans_lm.config import load
+from titans_lm.logs import forget_warnings
 from titans_lm.memory import sharded
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
@@ -137,7 +138,7 @@ def test_layer_forward_and_grads_per_shard_equal_the_unsharded_call(mesh_name, c
         direct = _primitives(jax.jit(fn).trace(params, x).jaxpr.jaxpr)   # no mesh: called directly
         assert "pallas_call" in direct and "shard_map" not in direct
         with caplog.at_level(logging.WARNING, logger="titans_lm.memory.sharded"):
-            sharded._warn_once.cache_clear()
+            forget_warnings()
             got = mapped(params, jax.device_put(x, x_sh))
     _close(got, want, 1e-5)
     assert ("model.memory.n_heads" in caplog.text) == (mesh_name == "2x1x4")

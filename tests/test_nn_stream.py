@@ -3,11 +3,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from titans_lm.memory.documents import document_starts
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID, document_ids, segment_positions
 from titans_lm.nn.stream import Stream, StreamState, fresh_stream_state, make_stream
 
 P = PERSISTENT_SEGMENT_ID
+
+
+def document_starts(seg):
+    """Memory document starts of one call: the id changes to a non-zero id (padding is none)."""
+    prev = jnp.pad(seg[:, :-1], ((0, 0), (1, 0)), constant_values=0)
+    return (seg != prev) & (seg != 0)
+
+
+def test_document_starts_of_a_fresh_stream():
+    seg = jnp.array([[1, 1, 2, 2, 0, 0, 3, 3], [0, 0, 5, 5, 5, 5, 5, 5]])
+    starts = np.asarray(make_stream(seg, fresh_stream_state(2))[0].starts)
+    assert starts[0].nonzero()[0].tolist() == [0, 2, 6]
+    assert starts[1].nonzero()[0].tolist() == [2]       # padding is not a document start
 
 CASES = [
     [[1, 1, 1, 2, 2, 0, 0, 3], [0, 0, 5, 5, 5, 5, 6, 6]],

@@ -56,6 +56,18 @@ def test_batch_sharding_splits_rows_over_data_and_fsdp():
     assert b["tokens"].addressable_shards[0].data.shape == (2, 65)
 
 
+def test_process_rows_is_this_process_block_and_put_global_batch_is_the_whole_batch(monkeypatch):
+    batch = random_batch(8, 64)
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setattr(jax, "process_index", lambda: 2)
+    np.testing.assert_array_equal(shd.process_rows(batch)["tokens"], batch["tokens"][4:6])
+    monkeypatch.undo()
+    mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    whole = shd.put_global_batch(batch, mesh)  # one process: its rows are all rows
+    assert whole["tokens"].sharding.spec == P(("data", "fsdp"))
+    np.testing.assert_array_equal(np.asarray(whole["segment_ids"]), batch["segment_ids"])
+
+
 def _run_steps(cfg, mesh, batches):
     fns = model_fns(cfg.model)
     tx, sched = make_optimizer(cfg.optim, cfg.train.steps)

@@ -1,4 +1,4 @@
-"""Tests for titans_lm.eval.windows: every token after BOS predicted exactly once, per document."""
+"""Tests for titans_lm.data.windows: every token after BOS predicted exactly once, per document."""
 
 import collections
 
@@ -9,7 +9,7 @@ import pytest
 
 from titans_lm.config import BOS_ID, PAD_ID
 from titans_lm.eval.perplexity import score_batch
-from titans_lm.eval.windows import document_windows, eval_batches, num_windows
+from titans_lm.data.windows import document_windows, eval_batches, num_windows
 
 T = 8
 

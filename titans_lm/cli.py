@@ -28,13 +28,24 @@ saved, 128 + the signal number (143 / 130) so schedulers see an unfinished run.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import signal
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from absl import app, flags, logging as absl_logging
 
+from titans_lm.config import validate
 from titans_lm.config.flag import define_config_flag
+from titans_lm.config.overrides import EVAL_OVERRIDABLE, split_overrides
+from titans_lm.config.serialize import config_json
+from titans_lm.data.prepare import prepare
+from titans_lm.data.user_corpus import resolve_config
+
+COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot")
 
 COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot", "launch")
 
@@ -127,12 +138,25 @@ _COMMAND_SUMMARY = {
     "launch": "titans-lm launch [flags] -- FLAGS: run `titans-lm train` (or --command=eval) with "
               "FLAGS as N cooperating processes on this machine.",
 }
-# What a SIGTERM / Ctrl-C outside the training steps interrupted (for its message).
-_PHASE = {"now": ""}
 
 
 class UsageError(Exception):
     """Bad command-line usage (exit status 2)."""
+
+
+@dataclasses.dataclass
+class Invocation:
+    """What one ``titans-lm <command>`` call carries from parsing to its end.
+
+    Attributes:
+      argv: the command's arguments left after flag parsing (``plot``: the run directories).
+      eval_overrides: ``eval``'s ``--config.<field>=VALUE`` overrides, applied to the checkpoint's
+        config (``titans_lm.config.overrides``); empty for the other commands.
+      phase: what a SIGTERM / Ctrl-C outside the training steps interrupts (for its message).
+    """
+    argv: list[str]
+    eval_overrides: dict[str, str] = dataclasses.field(default_factory=dict)
+    phase: str = ""
 
 
 def command_help(cmd: str) -> str:
@@ -145,7 +169,6 @@ def command_help(cmd: str) -> str:
         if flag.flag_type() == "bool":
             lines.append(f"      (--{name} / --no{name})")
     if cmd == "eval":
-        from titans_lm.config.overrides import EVAL_OVERRIDABLE
         lines.append("  --config.<field>=VALUE: change the checkpoint's config at evaluation time, "
                      "e.g. --config.data.seq_len=1024; allowed fields: " + ", ".join(EVAL_OVERRIDABLE))
     elif "config" in COMMAND_FLAGS[cmd]:
@@ -158,7 +181,6 @@ def command_help(cmd: str) -> str:
 
 def _fail(cmd: str, err: BaseException) -> int:
     if _VERBOSE.value:
-        import traceback
         traceback.print_exception(err, file=sys.stderr)
     print(f"titans-lm {cmd}: error: {err}", file=sys.stderr)
     return 1
@@ -174,7 +196,6 @@ def _load_config():
     except OSError as e:
         spec = flags.FLAGS["config"].config_filename
         raise UsageError(f"cannot load the config file {spec!r}: {str(e).splitlines()[0]}") from None
-    from titans_lm.data.user_corpus import resolve_config
     return resolve_config(cfg)
 
 
@@ -186,9 +207,8 @@ def default_workdir(cfg) -> str:
     return str(Path("runs") / f"{Path(path).stem}-{size}")
 
 
-def _prepare(argv) -> int:
-    del argv
-    from titans_lm.data.prepare import prepare
+def _prepare(inv: Invocation) -> int:
+    del inv
     cfg = _load_config()
     p = prepare(cfg.data)
     for split, store in p.stores.items():
@@ -198,85 +218,79 @@ def _prepare(argv) -> int:
     return 0
 
 
-def _train(argv) -> int:
-    del argv
-    from titans_lm.train import distributed
+def _train(inv: Invocation) -> int:
+    from titans_lm.train import distributed  # deliberate: lazy JAX
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    from titans_lm.train.loop import train
+    from titans_lm.train.loop import train  # deliberate: lazy JAX
     cfg = _load_config()
     workdir = _WORKDIR.value or default_workdir(cfg)
     print(f"workdir: {workdir}", file=sys.stderr)
-    _PHASE["now"] = "the set-up before the training steps (this call saved no checkpoint)"
+    inv.phase = "the set-up before the training steps (this call saved no checkpoint)"
     result = train(cfg, workdir, bad_checkpoint=_BAD_CHECKPOINT.value)
     if result.status == "interrupted":
         return 128 + int(result.signal)
     if result.status == "completed" and _EVAL_AFTER.value:
-        from titans_lm.eval.evaluate import evaluate
-        _PHASE["now"] = (f"the final evaluation; training is complete and its checkpoint (step "
-                         f"{result.step}) is saved: run `titans-lm eval --workdir={workdir}` to "
-                         f"evaluate it")
+        from titans_lm.eval.evaluate import evaluate  # deliberate: lazy JAX
+        inv.phase = (f"the final evaluation; training is complete and its checkpoint (step "
+                     f"{result.step}) is saved: run `titans-lm eval --workdir={workdir}` to "
+                     f"evaluate it")
         # A run trained with the state carried is scored both ways: its point is the carry mode.
         context = "both" if cfg.train.get("carry_state", False) else None
         evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value, context=context)
     return 0
 
 
-def _eval(argv) -> int:
-    del argv
-    from titans_lm.train import distributed
+def _eval(inv: Invocation) -> int:
+    from titans_lm.train import distributed  # deliberate: lazy JAX
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    from titans_lm.eval.evaluate import evaluate
+    from titans_lm.eval.evaluate import evaluate  # deliberate: lazy JAX
     workdir = _WORKDIR.value
     if workdir is None:
         if _CONFIG.value is None:
             raise UsageError("--workdir is required (the directory of a trained run)")
         workdir = default_workdir(_load_config())
-    _PHASE["now"] = "evaluation; the results of the datasets not yet scored were not written"
+    inv.phase = "evaluation; the results of the datasets not yet scored were not written"
     if _BY_POSITION.value or _ABLATE_AT.value is not None:
-        from titans_lm.eval.by_position_eval import evaluate_by_position
+        from titans_lm.eval.by_position_eval import evaluate_by_position  # deliberate: lazy JAX
         evaluate_by_position(workdir, split=_SPLIT.value, step=_STEP.value, text_file=_TEXT.value,
                              context=_CONTEXT.value or "reset",
                              by_position=_BY_POSITION.value, ablate_at=_ABLATE_AT.value,
-                             max_tokens=_MAX_TOKENS.value, overrides=_EVAL_OVERRIDES)
+                             max_tokens=_MAX_TOKENS.value, overrides=inv.eval_overrides)
         return 0
     evaluate(workdir, split=_SPLIT.value, text_file=_TEXT.value, step=_STEP.value,
-             wikitext=_WIKITEXT.value, context=_CONTEXT.value, overrides=_EVAL_OVERRIDES,
+             wikitext=_WIKITEXT.value, context=_CONTEXT.value, overrides=inv.eval_overrides,
              bad_checkpoint=_BAD_CHECKPOINT.value)
     return 0
 
 
-def _generate(argv) -> int:
-    del argv
-    from titans_lm.generate.run import generate_text, read_prompts
-    from titans_lm.generate.sampling import SamplingConfig
+def _generate(inv: Invocation) -> int:
+    from titans_lm.generate.run import generate_text, read_prompts  # deliberate: lazy JAX
+    from titans_lm.generate.sampling import SamplingConfig  # deliberate: lazy JAX
     if _WORKDIR.value is None:
         raise UsageError("--workdir is required (the directory of a trained run)")
     prompts = read_prompts(_PROMPT.value, _PROMPT_FILE.value)
     sampling = SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
-    _PHASE["now"] = "generation"
+    inv.phase = "generation"
     generate_text(_WORKDIR.value, prompts, max_new_tokens=_MAX_NEW.value, sampling=sampling,
                   seed=_SEED.value, max_context=_MAX_CONTEXT.value, step=_STEP.value)
     return 0
 
 
-def _config(argv) -> int:
-    del argv
-    from titans_lm.config.serialize import config_json
-    from titans_lm.config import validate
+def _config(inv: Invocation) -> int:
+    del inv
     cfg = _load_config()
     validate(cfg)
     print(config_json(cfg), end="")
     return 0
 
 
-def _plot(argv) -> int:
-    from titans_lm.train.plot import plot_runs
-    runs = argv[1:]
+def _plot(inv: Invocation) -> int:
+    from titans_lm.train.plot import plot_runs  # deliberate: matplotlib loads only to draw
+    runs = inv.argv[1:]
     if not runs:
         raise UsageError("plot needs at least one run directory: titans-lm plot W1 [W2 ...]")
     if _BY_POSITION.value:
-        import json
-        from titans_lm.eval.by_position import plot_runs as plot_by_position
+        from titans_lm.eval.by_position import plot_runs as plot_by_position  # deliberate: matplotlib loads only to draw
         summary = plot_by_position(runs, _OUT.value or "by_position.png", _TITLE.value,
                                    _PATTERN.value)
         print(json.dumps(summary, indent=1))
@@ -286,9 +300,12 @@ def _plot(argv) -> int:
     return 0
 
 
-_MAINS = {"prepare": _prepare, "train": _train, "eval": _eval, "generate": _generate,
-          "config": _config, "plot": _plot}
-_EVAL_OVERRIDES: dict[str, str] = {}
+# The commands. Each imports what it runs inside its function ("deliberate: lazy JAX"): JAX, orbax
+# and the model code load only for a command that runs, never for --help or a usage error, and
+# the multi-process runtime is joined before anything touches JAX's backends.
+_MAINS: dict[str, Callable[[Invocation], int]] = {
+    "prepare": _prepare, "train": _train, "eval": _eval, "generate": _generate, "config": _config,
+    "plot": _plot}
 
 
 class Terminated(BaseException):
@@ -300,28 +317,29 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
-def _run_command(cmd: str):
+def _run_command(cmd: str, eval_overrides: dict[str, str]):
     def main(argv) -> int:
-        from titans_lm.train.checkpoint import CheckpointError
-        from titans_lm.train.loop import NonFiniteLossError
+        from titans_lm.train.checkpoint import CheckpointError  # deliberate: lazy JAX
+        from titans_lm.train.loop import NonFiniteLossError  # deliberate: lazy JAX
         absl_logging.set_verbosity(absl_logging.ERROR)  # orbax/absl chatter; errors still show
         signal.signal(signal.SIGTERM, _raise_terminated)
         if len(argv) > 1 and cmd != "plot":
             print(f"titans-lm {cmd}: error: unexpected arguments {argv[1:]}", file=sys.stderr)
             return 2
+        inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
         try:
-            return _MAINS[cmd](argv)
+            return _MAINS[cmd](inv)
         except UsageError as e:
             print(f"titans-lm {cmd}: error: {e}\n\n{USAGE}", file=sys.stderr)
             return 2
         except (ValueError, OSError, CheckpointError, NonFiniteLossError) as e:
             return _fail(cmd, e)
         except KeyboardInterrupt:
-            during = f" during {_PHASE['now']}" if _PHASE["now"] else ""
+            during = f" during {inv.phase}" if inv.phase else ""
             print(f"titans-lm {cmd}: interrupted by Ctrl-C{during}", file=sys.stderr)
             return 130
         except Terminated:
-            during = f" during {_PHASE['now']}" if _PHASE["now"] else ""
+            during = f" during {inv.phase}" if inv.phase else ""
             print(f"titans-lm {cmd}: stopped by SIGTERM{during}", file=sys.stderr)
             return 128 + signal.SIGTERM
     return main
@@ -382,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if len(argv) >= 2 else 2
     cmd = argv[1]
     if cmd == "launch":  # its own flags; everything after ``--`` goes to the launched command
-        from titans_lm.train.launch import main as launch
+        from titans_lm.train.launch import main as launch  # deliberate: lazy JAX (see _MAINS)
         try:
             return launch(argv[2:])
         except SystemExit as e:  # argparse: --help, bad usage
@@ -395,15 +413,13 @@ def main(argv: list[str] | None = None) -> int:
         print(command_help(cmd))
         return 0
     sub_argv = [f"{Path(argv[0]).name} {cmd}"] + argv[2:]
-    if cmd == "eval":  # --config.* change the checkpoint's config (titans_lm.config.overrides)
-        from titans_lm.config.overrides import split_overrides
+    overrides: dict[str, str] = {}
+    if cmd == "eval":  # eval applies --config.* to the checkpoint's config (titans_lm.config.overrides)
         try:
             sub_argv, overrides = split_overrides(sub_argv)
         except ValueError as e:
             print(f"titans-lm {cmd}: error: {e}", file=sys.stderr)
             return 2
-        _EVAL_OVERRIDES.clear()
-        _EVAL_OVERRIDES.update(overrides)
     sys.argv = sub_argv  # config_flags reads the --config.* overrides from sys.argv
     try:
         rest = parse_flags(sub_argv)
@@ -411,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"titans-lm {cmd}: error: {e}", file=sys.stderr)
         return 2
     try:
-        app.run(_run_command(cmd), argv=sub_argv, flags_parser=lambda _: rest)
+        app.run(_run_command(cmd, overrides), argv=sub_argv, flags_parser=lambda _: rest)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0

@@ -60,6 +60,7 @@ import jax
 import numpy as np
 
 from titans_lm.memory.config import MemoryConfig
+from titans_lm.models.memory_mixer import memory_config, memory_layer_indices
 
 PARTS = ("attention_proj", "attention_core", "mlp", "memory_proj", "memory_dual", "memory_read",
          "combine", "head")
@@ -257,8 +258,6 @@ def count_flops(model_cfg, seq_len: int) -> FlopCount:
     Raises:
       ValueError: for an unknown backbone name.
     """
-    from titans_lm.models.memory_mixer import memory_config, memory_layer_indices
-
     name = str(model_cfg.name)
     T = int(seq_len)
     D, L, d_ff, V = (int(model_cfg[k]) for k in ("d_model", "n_layers", "d_ff", "vocab_size"))
@@ -364,6 +363,6 @@ def traced_forward_flops(fn, *args, dce: bool = True) -> float:
     closed = jax.make_jaxpr(fn)(*args)
     jaxpr = closed.jaxpr
     if dce:
-        from jax._src.interpreters import partial_eval as pe   # no public DCE entry point
+        from jax._src.interpreters import partial_eval as pe  # deliberate: private, no public DCE
         jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
     return jaxpr_matmul_flops(jaxpr)

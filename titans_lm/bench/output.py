@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 
 def emit(obj: dict, out: IO[str] | None = None) -> None:
     """Print ``obj`` as one JSON line (flushed) and append it to ``out`` when given."""
@@ -40,9 +42,9 @@ def _nan_to_none(x):
 
 def pyplot():
     """matplotlib's pyplot on the non-interactive Agg backend."""
-    import matplotlib
+    import matplotlib  # deliberate: matplotlib loads only to draw
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deliberate: matplotlib loads only to draw
     return plt
 
 
@@ -50,7 +52,6 @@ def heat_map(path: str | Path, grid, row_labels: Sequence[str], col_labels: Sequ
              title: str, *, vmin: float = 0, vmax: float = 100) -> Path:
     """A heat map of ``grid`` [rows, cols] (NaN: an empty cell) with each value written in its
     cell, saved as a PNG."""
-    import numpy as np
     plt = pyplot()
     grid = np.asarray(grid, float)
     fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(col_labels), 1.0 + 0.45 * len(row_labels)))

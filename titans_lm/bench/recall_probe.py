@@ -29,6 +29,17 @@ import json
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from titans_lm.eval.recall import chunk_key_cosine, pair_sensitivity
+from titans_lm.eval.restore import load_run
+from titans_lm.eval.tasks import eval_batches_for
+from titans_lm.memory.layer import NeuralMemory
+from titans_lm.train.checkpoint import CheckpointError
+from titans_lm.train.state import init_params
+
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,10 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def captured_write_keys(sink: list):
     """While active, every NeuralMemory write traced from here on also appends its keys
     float[B, H, T, Dh] to ``sink`` when it runs (a ``jax.debug.callback``; outputs unchanged)."""
-    import jax
-    import numpy as np
 
-    from titans_lm.memory.layer import NeuralMemory
     original = NeuralMemory.scan
 
     def scan(self, state, q, k, *args, **kwargs):
@@ -69,10 +77,7 @@ def write_key_cosine(apply, params, tokens, chunk_size: int) -> float | None:
     """Mean :func:`titans_lm.eval.recall.chunk_key_cosine` over the memory writes of one call
     ``apply(params, tokens)`` (None: the model has no memory; writes shorter than a chunk, such
     as the persistent prefix, do not count)."""
-    import jax
-    import numpy as np
 
-    from titans_lm.eval.recall import chunk_key_cosine
     sink: list = []
     with captured_write_keys(sink):
         jax.block_until_ready(jax.jit(apply)(params, tokens))
@@ -90,13 +95,7 @@ def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_di
       ValueError: a run not trained on MQAR.
       titans_lm.train.checkpoint.CheckpointError: no usable checkpoint.
     """
-    import jax
-    import jax.numpy as jnp
 
-    from titans_lm.eval.evaluate import load_run
-    from titans_lm.eval.recall import pair_sensitivity
-    from titans_lm.eval.tasks import eval_batches_for
-    from titans_lm.train.state import init_params
 
     run = load_run(workdir, log=lambda m: print(m, file=sys.stderr))
     cfg = run.cfg
@@ -138,7 +137,6 @@ def format_table(records: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from titans_lm.train.checkpoint import CheckpointError
     records = []
     for wd in args.runs:
         try:

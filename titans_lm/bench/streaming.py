@@ -45,7 +45,7 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    from titans_lm.bench.timing import max_rss_bytes
+    from titans_lm.bench.timing import max_rss_bytes  # deliberate: the parent only starts child processes
     return max_rss_bytes() / 2**20
 
 
@@ -66,10 +66,10 @@ def _config(args, name: str):
 def _tokens(args) -> Path:
     """The held-out text of the corpus, tokenized and repeated to max(lengths, contexts) tokens,
     saved as int32 .npy (BOS first)."""
-    import numpy as np
-    from titans_lm.data.corpora import load_documents
-    from titans_lm.data.prepare import resolve_cache_dir
-    from titans_lm.data.tokenizer import train_or_load_tokenizer
+    import numpy as np  # deliberate: the parent only starts child processes
+    from titans_lm.data.corpora import load_documents  # deliberate: the parent only starts child processes
+    from titans_lm.data.prepare import resolve_cache_dir  # deliberate: the parent only starts child processes
+    from titans_lm.data.tokenizer import train_or_load_tokenizer  # deliberate: the parent only starts child processes
     cfg = _config(args, "lmm")
     d = cfg.data
     tok = train_or_load_tokenizer(load_documents(d.corpus, "train", d.data_dir), args.vocab,
@@ -85,9 +85,9 @@ def _tokens(args) -> Path:
 
 
 def _build(cfg):
-    import jax
-    from flax import nnx
-    from titans_lm.train.state import _build as build, model_fns
+    import jax  # deliberate: the parent only starts child processes
+    from flax import nnx  # deliberate: the parent only starts child processes
+    from titans_lm.train.state import _build as build, model_fns  # deliberate: the parent only starts child processes
     fns = model_fns(cfg.model)
     params = jax.jit(lambda: nnx.to_pure_dict(nnx.split(build(cfg.model, 0), nnx.Param, ...)[1]))()
     n_params = sum(x.size for x in jax.tree.leaves(params))
@@ -95,16 +95,16 @@ def _build(cfg):
 
 
 def _header(args, cfg, name, n_params):
-    import jax
+    import jax  # deliberate: the parent only starts child processes
     return {"model": name, "device": jax.devices()[0].platform, "d_model": cfg.model.d_model,
             "n_layers": cfg.model.n_layers, "n_params": int(n_params), "seq_len": args.seq_len,
             "corpus": args.corpus, "weights": "random init"}
 
 
 def child_stream(args, name: str, n_tokens: int, token_file: str) -> dict:
-    import jax
-    import numpy as np
-    from titans_lm.eval.streaming import StatefulLM, make_carry_step, stream_batches
+    import jax  # deliberate: the parent only starts child processes
+    import numpy as np  # deliberate: the parent only starts child processes
+    from titans_lm.eval.streaming import StatefulLM, make_carry_step, stream_batches  # deliberate: the parent only starts child processes
     cfg = _config(args, name)
     fns, params, n_params = _build(cfg)
     doc = np.load(token_file)[:n_tokens + 1]  # BOS + n_tokens scored tokens
@@ -134,12 +134,12 @@ def child_stream(args, name: str, n_tokens: int, token_file: str) -> dict:
 
 
 def child_decode(args, name: str, context: int, token_file: str) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from titans_lm.eval.streaming import StatefulLM
-    from titans_lm.generate.decode import make_decode_fns
-    from titans_lm.generate.sampling import SamplingConfig
+    import jax  # deliberate: the parent only starts child processes
+    import jax.numpy as jnp  # deliberate: the parent only starts child processes
+    import numpy as np  # deliberate: the parent only starts child processes
+    from titans_lm.eval.streaming import StatefulLM  # deliberate: the parent only starts child processes
+    from titans_lm.generate.decode import make_decode_fns  # deliberate: the parent only starts child processes
+    from titans_lm.generate.sampling import SamplingConfig  # deliberate: the parent only starts child processes
     cfg = _config(args, name)
     if name == "transformer":
         cfg.model.max_context = context + args.decode_tokens

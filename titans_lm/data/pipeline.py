@@ -20,6 +20,7 @@ batches) restores the exact continuation.
 from __future__ import annotations
 
 import grain
+import jax
 import numpy as np
 
 from titans_lm.data.store import TokenStore
@@ -88,7 +89,6 @@ def make_train_dataset(store: TokenStore, *, seq_len: int, batch_size: int, seed
       ValueError: inconsistent sizes (naming the values), or fewer windows than processes.
     """
     if shard_index is None or shard_count is None:
-        import jax  # deferred: only needed for the multi-process defaults
         shard_index = jax.process_index() if shard_index is None else shard_index
         shard_count = jax.process_count() if shard_count is None else shard_count
     if shard_count < 1 or not 0 <= shard_index < shard_count:

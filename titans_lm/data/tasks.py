@@ -59,13 +59,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from titans_lm.data.corpora import load_documents
+
 N_RESERVED = 4  # PAD, UNK, BOS, EOS (titans_lm.config)
 TASKS = ("mqar", "niah")
 NIAH_VARIANTS = ("niah_single_1", "niah_single_2", "niah_single_3")
 NIAH_KEYS = 256
 NOISE_SENTENCE = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
                   "There and back again.")
-RULER_DEPTHS = tuple(int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)))
 
 
 # ------------------------------------------------------------------------------------------ MQAR
@@ -342,7 +343,6 @@ def book_text(spec: TaskSpec, split: str) -> np.ndarray:
     """The split's book text in the S-NIAH word scheme (cached per process)."""
     key = (spec.corpus, spec.data_dir, split, spec.vocab_size)
     if key not in _TEXT_CACHE:
-        from titans_lm.data.corpora import load_documents
         vocab = NiahVocab(spec.vocab_size)
         docs = load_documents(spec.corpus, split, spec.data_dir)
         _TEXT_CACHE[key] = np.concatenate([text_to_tokens(d.text, vocab) for d in docs])

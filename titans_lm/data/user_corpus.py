@@ -28,6 +28,7 @@ or removing a file builds new stores instead of reusing stale ones.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -102,7 +103,6 @@ def corpus_files(corpus: str) -> list[tuple[str, Path]]:
 
 def _read(path: Path) -> str:
     if path.name.lower().endswith(".gz"):
-        import gzip
         try:
             raw = gzip.decompress(path.read_bytes())
         except (OSError, EOFError) as e:

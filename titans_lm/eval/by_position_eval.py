@@ -6,7 +6,7 @@ split is scored token by token and each loss is kept with the within-document po
 position 0 is BOS). The losses go into the log-spaced buckets of
 :func:`titans_lm.eval.by_position.loss_by_position`, whose sums add up to the run's total loss
 (the same tokens and the same windows as ``titans_lm.eval.evaluate``; see
-``titans_lm.eval.windows``):
+``titans_lm.data.windows``):
 
 * ``carry``: documents streamed window after window with the model state carried
   (``titans_lm.eval.streaming``), so positions run to each document's end with the whole
@@ -55,11 +55,17 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from titans_lm.config.overrides import result_suffix
+from titans_lm.data.prepare import prepare, tokenize_documents
+from titans_lm.data.windows import document_windows, num_windows
 from titans_lm.eval.by_position import loss_by_position, plot_by_position, write_by_position
+from titans_lm.eval.evaluate import _datasets, context_modes
+from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import StatefulLM, assign_rows, stream_batches, stream_rows
-from titans_lm.eval.windows import document_windows, num_windows
 from titans_lm.memory.layer import MemoryState
+from titans_lm.models.mac import MACState
 from titans_lm.train import sharding as shd
+from titans_lm.train.run_files import check_run_data
 
 Log = Callable[[str], None]
 
@@ -81,7 +87,6 @@ def token_losses(logits_BTV: jax.Array, batch: dict) -> tuple[jax.Array, jax.Arr
 
 
 def _memory_types() -> tuple[type, ...]:
-    from titans_lm.models.mac import MACState
     return MemoryState, MACState
 
 
@@ -119,8 +124,6 @@ def ablate_memory(state: Any, rows_B: jax.Array, initial: Any = None) -> Any:
     Raises:
       ValueError: the state holds no neural memory, or holds a MAC memory and ``initial`` is None.
     """
-    from titans_lm.models.mac import MACState
-
     rows_B = jnp.asarray(rows_B, bool)
     found = []
 
@@ -345,13 +348,8 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
 
     Raises:
       ValueError: a bad context or ``ablate_at``, or a model the ablation cannot apply to;
-        CheckpointError: no checkpoint (see :func:`titans_lm.eval.evaluate.load_run`).
+        CheckpointError: no checkpoint (see :func:`titans_lm.eval.restore.load_run`).
     """
-    from titans_lm.config.overrides import result_suffix
-    from titans_lm.data.prepare import prepare, tokenize_documents
-    from titans_lm.eval.evaluate import _datasets, context_modes, load_run
-    from titans_lm.train.run_files import check_run_data
-
     modes = context_modes(context)
     if ablate_at is not None:
         ablation_window(ablate_at, 1)

@@ -3,7 +3,7 @@
 The checkpoint's own saved config rebuilds the model and the tokenizer (the tokenizer is trained
 deterministically on the training split, so it comes back from the cache or is retrained
 identically). Each document is cut into non-overlapping windows of the training length
-(``titans_lm.eval.windows``), every token after a document's BOS is predicted once, and the
+(``titans_lm.data.windows``), every token after a document's BOS is predicted once, and the
 summed log-likelihoods give token perplexity, word perplexity and bits per byte
 (``titans_lm.eval.perplexity``; ratios of totals over whole documents).
 
@@ -35,7 +35,7 @@ name>-<8 hex digits of the sha256 of its absolute path>``, so two files never sh
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import json
 import math
 import sys
@@ -49,14 +49,20 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
+from titans_lm.config.overrides import result_suffix
 from titans_lm.config import BOS_ID, PAD_ID
-from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
+from titans_lm.data.corpora import load_documents, load_text_file
+from titans_lm.data.prepare import prepare, tokenize_documents
+from titans_lm.data.user_corpus import corpus_label, load_split
+from titans_lm.data.windows import eval_batches
+from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_totals
+from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import (CONTEXT_MODES, StatefulLM, carry_note, make_carry_step,
                                       score_documents_carry)
-from titans_lm.eval.windows import eval_batches
+from titans_lm.eval.tasks import evaluate_task, is_task_run
 from titans_lm.train import sharding as shd
-from titans_lm.train.checkpoint import Checkpointer
-from titans_lm.train.state import ModelFns, count_params, model_fns
+from titans_lm.train.run_files import check_run_data
+from titans_lm.train.state import ModelFns, count_params
 
 Log = Callable[[str], None]
 WIKITEXT_CORPUS = "wikitext-2"
@@ -78,8 +84,8 @@ def unigram_totals(docs_tokens: Sequence[np.ndarray], texts: Sequence[str],
     """Totals of the unigram baseline on the same targets as the model (tokens after BOS)."""
     nll = -sum(float(log_probs[np.asarray(t[1:], np.int64)].sum()) for t in docs_tokens)
     n_tok = sum(max(len(t) - 1, 0) for t in docs_tokens)
-    words, nbytes = zip(*(text_counts(x) for x in texts)) if texts else ((), ())
-    return PerplexityTotals(nll, n_tok, int(sum(words)), int(sum(nbytes)))
+    counts = text_totals(texts)
+    return PerplexityTotals(nll, n_tok, counts.n_words, counts.n_bytes)
 
 
 def make_score_fn(fns: ModelFns, params_sh: Any, mesh) -> Callable:
@@ -109,21 +115,12 @@ def score_documents(score_fn: Callable, params: Any, docs_tokens: Sequence[np.nd
               unit="batch",
               leave=False, dynamic_ncols=True) as bar:
         for batch in eval_batches(docs_tokens, seq_len=seq_len, batch_size=bsz, pad_last_batch=True):
-            local = {k: np.array_split(v, jax.process_count())[jax.process_index()]
-                     for k, v in batch.items()}
-            a, c = score_fn(params, shd.put_batch(local, mesh))
+            a, c = score_fn(params, shd.put_global_batch(batch, mesh))
             nll += float(a)
             n_tok += int(c)
             bar.update(1)
-    words, nbytes = zip(*(text_counts(x) for x in texts)) if texts else ((), ())
-    return PerplexityTotals(nll, n_tok, int(sum(words)), int(sum(nbytes)))
-
-
-def _eval_mesh(cfg: ml_collections.ConfigDict):
-    try:
-        return shd.make_mesh(cfg.mesh)
-    except ValueError:  # trained on another device count: plain data parallelism here
-        return shd.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+    counts = text_totals(texts)
+    return PerplexityTotals(nll, n_tok, counts.n_words, counts.n_bytes)
 
 
 def context_modes(context: str) -> tuple[str, ...]:
@@ -139,100 +136,11 @@ def context_modes(context: str) -> tuple[str, ...]:
     return (context,)
 
 
-def with_max_context(cfg: ml_collections.ConfigDict, max_context: int | None
-                     ) -> ml_collections.ConfigDict:
-    """``cfg`` with ``model.max_context`` (the bound of a full-attention KV cache) set.
-
-    Only for models with full attention (Transformer++, whose config has the field; checkpoints
-    written before it existed included): ``max_context`` None keeps a non-zero value the config
-    has and otherwise uses ``data.seq_len`` (the training length: carry mode's sliding-context
-    baseline). The field changes no parameter. Other models' configs are returned unchanged.
-    """
-    cfg = ml_collections.ConfigDict(cfg.to_dict())
-    if "max_context" not in cfg.model and cfg.model.get("name") != "transformer":
-        return cfg
-    if max_context is None:
-        max_context = int(cfg.model.get("max_context", 0) or cfg.data.seq_len)
-    if int(max_context) < 1:
-        raise ValueError(f"max_context must be >= 1, got {max_context}")
-    cfg.model.max_context = int(max_context)
-    return cfg
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedRun:
-    """A checkpoint's parameters and what rebuilds its model.
-
-    Attributes: cfg (the saved config with the eval-time overrides applied and
-    ``model.max_context`` set by :func:`with_max_context`), fns (:class:`ModelFns`), params (pure
-    dict, placed in ``params_sh``), params_sh, mesh, step, saved_cfg (the config as saved).
-    """
-    cfg: ml_collections.ConfigDict
-    fns: ModelFns
-    params: Any
-    params_sh: Any
-    mesh: Any
-    step: int
-    saved_cfg: ml_collections.ConfigDict
-
-
-def load_run(workdir: str | Path, step: int | None = None, *, max_context: int | None = None,
-             overrides: dict[str, str] | None = None, bad_checkpoint: str = "fallback",
-             log: Log | None = None) -> LoadedRun:
-    """Restore the parameters of ``workdir``'s checkpoint ``step`` (default: the newest) with
-    the model its saved config describes (with ``overrides``, eval-time config changes:
-    :func:`titans_lm.config.overrides.apply_eval_overrides`).
-
-    ``bad_checkpoint``: "fallback" (a checkpoint whose parameters or config are damaged is named
-    and the previous complete one used; not with an explicit ``step``) or "refuse". Damage to
-    the optimiser state only is named through ``log`` (default: stderr) and does not matter here.
-
-    Raises:
-      titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
-      ValueError: a bad ``max_context`` or an override that evaluation cannot apply.
-    """
-    from titans_lm.config.overrides import apply_eval_overrides
-    from titans_lm.config import validate
-
-    primary = jax.process_index() == 0
-    if log is None:
-        log = lambda m: print(m, file=sys.stderr) if primary else None  # noqa: E731
-    ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
-    try:
-        def load(s: int):
-            saved = ckpt.read_config(s)
-            cfg = apply_eval_overrides(saved, overrides or {})
-            validate(cfg)
-            cfg = with_max_context(cfg, max_context)
-            fns = model_fns(cfg.model)
-            mesh = _eval_mesh(cfg)
-            params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
-            abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                                    fns.abstract_params(), params_sh)
-            return cfg, fns, mesh, params_sh, ckpt.restore_params(abstract, s)[0], saved
-        # Evaluation reads the parameters and the config: damage elsewhere (the optimiser state)
-        # is reported and does not stop it.
-        explicit = None if step is None else [ckpt.resolve_step(step)]
-        (cfg, fns, mesh, params_sh, params, saved), step = ckpt.newest_usable(
-            load, policy=bad_checkpoint, needed=("parameters", "config"), log=log, steps=explicit)
-    finally:
-        ckpt.close()
-    return LoadedRun(cfg, fns, params, params_sh, mesh, step, saved)
-
-
 def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
     """[(name, corpus or None, split or None, documents)]."""
-    import hashlib
-
-    from titans_lm.data.corpora import Document, load_documents, read_text
-    from titans_lm.data.user_corpus import corpus_label, load_split
     if text_file is not None:
-        text = read_text(text_file)
-        if not text.strip():
-            raise ValueError(f"{text_file}: the file holds no text to score")
         where = hashlib.sha256(str(Path(text_file).resolve()).encode()).hexdigest()[:8]
-        return [(f"text-{Path(text_file).name}-{where}", None, None,
-                 [Document(Path(text_file).name, text)])]
+        return [(f"text-{Path(text_file).name}-{where}", None, None, load_text_file(text_file))]
     out = [(f"{corpus_label(cfg.data)}-{split}", cfg.data.corpus, split, load_split(cfg.data, split))]
     if wikitext and cfg.data.corpus != WIKITEXT_CORPUS:  # WikiText-2 of the same split
         out.append((f"wikitext2-{split}", WIKITEXT_CORPUS, split,
@@ -259,7 +167,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       overrides: ``{field: value text}`` applied to the checkpoint's config
         (:func:`titans_lm.config.overrides.apply_eval_overrides`).
       log: message sink. progress: show progress bars.
-      bad_checkpoint: "fallback" or "refuse" (:func:`load_run`).
+      bad_checkpoint: "fallback" or "refuse" (:func:`titans_lm.eval.restore.load_run`).
 
     Returns:
       name -> result dict (``model`` and ``unigram`` totals and metrics, ``modes``: per context
@@ -271,12 +179,6 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
       ValueError / FileNotFoundError: unknown split or context, missing or unreadable text, an
         override eval cannot apply, or training data that changed since the run was trained.
     """
-    from titans_lm.config.overrides import result_suffix
-    from titans_lm.data.prepare import prepare, tokenize_documents
-    from titans_lm.train.run_files import check_run_data
-
-    from titans_lm.eval.tasks import evaluate_task, is_task_run
-
     if is_task_run(workdir, step):  # a synthetic task: accuracy on its answers, not perplexity
         modes = context_modes(context) if context is not None else None
         return {"task": {"records": evaluate_task(workdir, step, context=modes, log=log,
@@ -391,5 +293,5 @@ def format_table(results: dict[str, dict[str, Any]], cfg: ml_collections.ConfigD
     return "\n".join(lines)
 
 
-__all__ = ["LoadedRun", "context_modes", "evaluate", "format_table", "load_run", "make_score_fn",
-           "score_documents", "unigram_log_probs", "unigram_totals", "with_max_context"]
+__all__ = ["context_modes", "evaluate", "format_table", "make_score_fn", "score_documents",
+           "unigram_log_probs", "unigram_totals"]

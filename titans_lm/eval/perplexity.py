@@ -8,7 +8,7 @@ per-window or per-document averages):
 * ``word_ppl = exp(nll / n_words)``: the same total spread over the text's words.
 * ``bits_per_byte = nll / (ln 2 * n_bytes)``.
 
-What is scored: every token of a document after its BOS (``titans_lm.eval.windows``). No EOS is
+What is scored: every token of a document after its BOS (``titans_lm.data.windows``). No EOS is
 appended or scored: documents are stored and trained as BOS + text (no end marker), so the
 likelihood is that of the text given the start of a document, and the document's end is not
 predicted.

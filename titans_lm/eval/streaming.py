@@ -1,6 +1,6 @@
 """Streaming evaluation: each document scored window after window with the model's state carried.
 
-``--context=reset`` (``titans_lm.eval.windows``) scores every window of ``T`` tokens from the
+``--context=reset`` (``titans_lm.data.windows``) scores every window of ``T`` tokens from the
 initial state, as in training. ``--context=carry`` (this module) cuts each document into exactly
 the same windows, but feeds a document's windows to one batch row in order and carries the state
 from each call to the next (``model(tokens_BT, segment_ids_BT, state) -> (logits, state)``):
@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from titans_lm.config import PAD_ID
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
-from titans_lm.eval.windows import document_windows, num_windows
+from titans_lm.data.windows import document_windows, num_windows
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import ModelFns
 
@@ -120,7 +120,7 @@ def stream_batches(docs_tokens: Sequence[np.ndarray], *, seq_len: int, n_rows: i
     Yields:
       ``{"tokens": int32[n_rows, T+1], "segment_ids": int32[n_rows, T+1]}``; row ``r`` of
       consecutive batches holds consecutive windows of its documents
-      (:func:`titans_lm.eval.windows.document_windows`, segment id ``d + 1`` for document ``d``),
+      (:func:`titans_lm.data.windows.document_windows`, segment id ``d + 1`` for document ``d``),
       padding rows (all 0) once its documents are done.
 
     Raises:

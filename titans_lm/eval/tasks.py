@@ -12,7 +12,7 @@ prediction at an answer is the argmax of the logits given the true prefix.
 How a row longer than one model call is run (``context``):
 
 - ``"reset"``: cut into consecutive windows of the training length ``T``, each scored as a fresh
-  sequence (today's evaluation protocol, ``titans_lm.eval.windows``): nothing carries across a
+  sequence (today's evaluation protocol, ``titans_lm.data.windows``): nothing carries across a
   window boundary, so a query can only use what lies in its own window.
 - ``"whole"``: one parallel call over the whole row (the stateless training path at a longer
   length; attention's cost grows with the square of it).
@@ -37,7 +37,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
+from flax import nnx
+
+from titans_lm.data.tasks import eval_settings, task_rows, task_spec
+from titans_lm.eval.restore import load_run
+from titans_lm.train.checkpoint import Checkpointer, CheckpointError
+from titans_lm.train.state import model_fns
 
 Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
 CONTEXTS = ("reset", "whole", "carry")
@@ -145,9 +154,6 @@ class JittedStateful:
     """
 
     def __init__(self, fns: Any, params: Any):
-        import jax
-        from flax import nnx
-
         with nnx.use_eager_sharding(False):
             model = fns.module(params)
         if not hasattr(model, "init_state"):
@@ -210,9 +216,9 @@ def format_task_table(records: Sequence[dict], metric: str = "token_acc", title:
 def plot_task_heatmap(records: Sequence[dict], path: str | Path, metric: str = "token_acc",
                       title: str = "") -> Path:
     """A PNG heat map of ``metric`` in % (S-NIAH: depth x length; MQAR: one row by length)."""
-    import matplotlib
+    import matplotlib  # deliberate: a heavy import, loaded only to draw
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deliberate: as above
 
     rows, cols, cell = _grid(records)
     grid = np.full((len(rows), len(cols)), np.nan)
@@ -250,7 +256,6 @@ def is_task_run(workdir: str | Path, step: int | None = None) -> bool:
       titans_lm.train.checkpoint.CheckpointError: no checkpoint (or none for ``step``), or
         ``step``'s config cannot be read.
     """
-    from titans_lm.train.checkpoint import Checkpointer, CheckpointError
     ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
     try:
         candidates = [ckpt.resolve_step(step)] if step is not None else ckpt.steps()[::-1]
@@ -269,7 +274,6 @@ def eval_batches_for(cfg, setting: dict, *, n_examples: int, batch_size: int
                      ) -> list[dict[str, np.ndarray]]:
     """The fixed evaluation rows of one setting (split "test", seeded by ``data.shuffle_seed``
     and the setting), in batches of ``batch_size`` (the last one may be smaller)."""
-    from titans_lm.data.tasks import task_rows, task_spec
     spec = task_spec(cfg)
     index = (setting["length"], setting.get("pairs", 0), int(round(10 * setting.get("depth", 0))))
     rows = task_rows(spec, "test", cfg.data.shuffle_seed, index, n_examples, setting["length"],
@@ -284,7 +288,7 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
                   bad_checkpoint: str = "fallback") -> list[dict[str, Any]]:
     """Task accuracy of the run in ``workdir`` over its config's evaluation grid.
 
-    The checkpoint is restored once, by :func:`titans_lm.eval.evaluate.load_run`, as for
+    The checkpoint is restored once, by :func:`titans_lm.eval.restore.load_run`, as for
     perplexity: the saved config with ``overrides`` applied and validated, a damaged newest
     checkpoint named and the previous complete one used (``bad_checkpoint="fallback"``).
 
@@ -294,13 +298,13 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
       context: "reset", "whole" or "carry", or a sequence of them (each scored in turn; default:
         the config's ``task.eval_context``). In "reset" and "carry", full attention
         (Transformer++) keeps ``model.max_context`` tokens, the training length unless set
-        (:func:`titans_lm.eval.evaluate.with_max_context`): carry streams through a KV cache of
+        (:func:`titans_lm.train.max_context.with_max_context`): carry streams through a KV cache of
         that many tokens. "whole" attends over the whole row.
       max_length: skip settings longer than this (e.g. "whole" attention at 16K on a CPU).
       log: message sink.
       overrides: ``{field: value text}`` applied to the checkpoint's config
         (:func:`titans_lm.config.overrides.apply_eval_overrides`).
-      bad_checkpoint: "fallback" or "refuse" (:func:`titans_lm.eval.evaluate.load_run`).
+      bad_checkpoint: "fallback" or "refuse" (:func:`titans_lm.eval.restore.load_run`).
 
     Returns:
       one record per setting and context (``length``, ``pairs`` or ``depth``, ``context`` and the
@@ -312,10 +316,6 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
         model that has no stateful API.
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
     """
-    import jax
-
-    from titans_lm.eval.evaluate import load_run
-
     contexts = [context] if context is None or isinstance(context, str) else list(context)
     for c in contexts:
         if c is not None and c not in CONTEXTS:
@@ -336,13 +336,6 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
 def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | None,
                       log: Callable[[str], None]) -> list[dict[str, Any]]:
     """:func:`evaluate_task` of one context on a restored run (``LoadedRun``)."""
-    import jax
-    import jax.numpy as jnp
-    import ml_collections
-
-    from titans_lm.data.tasks import eval_settings
-    from titans_lm.train.state import model_fns
-
     cfg, fns, params, step = run.cfg, run.fns, run.params, run.step
     if context == "whole" and "max_context" in cfg.model:
         # one call over the whole row: full attention unbounded unless the saved config bounds it

@@ -27,9 +27,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+import jax
 import ml_collections
 import numpy as np
 
+from titans_lm.data.corpora import load_documents, read_text
+from titans_lm.data.prepare import resolve_cache_dir
+from titans_lm.data.tokenizer import train_or_load_tokenizer
+from titans_lm.eval.restore import load_run
+from titans_lm.eval.streaming import StatefulLM
 from titans_lm.generate.decode import Decoder, Generation, generate
 from titans_lm.generate.sampling import SamplingConfig
 
@@ -46,9 +52,6 @@ def run_tokenizer(cfg: ml_collections.ConfigDict, workdir: str | Path):
       TokenizerMissingError: the training text it is rebuilt from cannot be read, or the
         tokenizer does not match the model's vocabulary; the message names the path and the fix.
     """
-    from titans_lm.data.corpora import load_documents
-    from titans_lm.data.prepare import resolve_cache_dir
-    from titans_lm.data.tokenizer import train_or_load_tokenizer
     d = cfg.data
     try:
         docs = load_documents(d.corpus, "train", d.data_dir)
@@ -80,7 +83,6 @@ def read_prompts(prompts: Sequence[str] | None, prompt_file: str | None) -> list
     Raises:
       ValueError: no prompt at all, an empty prompt, or an unreadable / empty prompt file.
     """
-    from titans_lm.data.corpora import read_text
     out = list(prompts or [])
     for i, p in enumerate(out):
         if not p.strip():
@@ -149,10 +151,6 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
       CheckpointError: no usable checkpoint. TokenizerMissingError: see :func:`run_tokenizer`.
       ValueError: an empty prompt, a prompt longer than a bounded context, a bad setting.
     """
-    from titans_lm.eval.evaluate import load_run
-    from titans_lm.eval.streaming import StatefulLM
-    import jax
-
     if int(max_new_tokens) < 1:
         raise ValueError(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
     for p in prompts:

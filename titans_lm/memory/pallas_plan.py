@@ -39,6 +39,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from titans_lm.logs import warn_once
 from titans_lm.memory.inner_models import InnerModel, LinearMemory, MLPMemory
 from titans_lm.memory.pallas_chunk import KERNEL_ACTIVATIONS
 
@@ -58,7 +59,6 @@ TRITON_TILE_VALUES = 8192
 # ~200 KiB of shared memory per program (see the module docstring).
 TRITON_MAX_CHUNK = {("linear", 256): 32, ("mlp", 64): 32, ("mlp", 128): 32}
 
-_logged_reasons: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +129,7 @@ _LAX_PRECISION = {
 
 def log_fallback(reason: str) -> None:
     """Log (once per distinct reason) that impl="pallas" runs ``chunked`` instead."""
-    if reason not in _logged_reasons:
-        _logged_reasons.add(reason)
-        logger.warning("memory impl 'pallas' falls back to 'chunked': %s", reason)
+    warn_once(logger, "memory impl 'pallas' falls back to 'chunked': %s", reason)
 
 
 def platform_backend(platform: str) -> tuple[str, bool] | None:

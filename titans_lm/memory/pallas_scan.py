@@ -44,9 +44,9 @@ from titans_lm.memory.pallas_plan import KernelPlan, log_fallback, make_plan, re
 
 def _forward_fn(plan: KernelPlan):
     if plan.backend == "tpu":
-        from titans_lm.memory.pallas_tpu import tpu_forward
+        from titans_lm.memory.pallas_tpu import tpu_forward  # deliberate: the plan's backend only
         return tpu_forward
-    from titans_lm.memory.pallas_triton import triton_forward
+    from titans_lm.memory.pallas_triton import triton_forward  # deliberate: the plan's backend only
     return triton_forward
 
 

@@ -2,7 +2,7 @@
 
 The engine is independent per (batch row, head) (DESIGN.md sec. 2: "vmap over batch and heads
 outside"), so a mesh that splits the batch over ``data`` x ``fsdp`` and the memory heads over
-``tensor`` (``titans_lm.train.sharding``: ``BATCH_AXES`` and the ``heads`` rule) can run it on
+``tensor`` (``titans_lm.nn.axes``: ``BATCH_AXES`` and the ``heads`` rule) can run it on
 each device's own rows and heads with no communication. That matters for the Pallas kernels
 (``impl="pallas"``, and ``"auto"`` where it picks them): a compiled ``pallas_call`` is a custom
 call that XLA's SPMD partitioner cannot split, so under plain ``jax.jit`` with sharded inputs the
@@ -33,7 +33,6 @@ for a :class:`ShardPlan`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 from typing import Callable, Sequence
@@ -42,7 +41,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from titans_lm.train.sharding import BATCH_AXES, LOGICAL_AXIS_RULES
+from titans_lm.logs import warn_once
+from titans_lm.nn.axes import BATCH_AXES, LOGICAL_AXIS_RULES
 
 _log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ def runs_kernel(impl: str, platform: str | None = None) -> bool:
     if impl == "pallas":
         return True
     if impl == "auto":
+        # deliberate: loads jax.experimental.pallas only when a kernel engine may run
         from titans_lm.memory.pallas_scan import auto_choice
         return auto_choice(platform or jax.default_backend()) == "pallas"
     return False
@@ -145,12 +146,6 @@ def shard_plan(mesh: AbstractMesh | None, batch: int, heads: int) -> ShardPlan |
     return ShardPlan(mesh, batch_axes, head_axes, tuple(r_batch + r_heads))
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_once(reason: str) -> None:
-    _log.warning("memory engine under shard_map: %s; that dimension runs whole on each device "
-                 "along the axis (correct, duplicated work)", reason)
-
-
 def run_engine(fn: Callable, operands: Sequence, *, impl: str, batch: int, heads: int,
                mesh: AbstractMesh | None = None):
     """``fn(*operands)``, per shard of the current mesh when ``impl`` runs a Pallas kernel.
@@ -178,7 +173,8 @@ def run_engine(fn: Callable, operands: Sequence, *, impl: str, batch: int, heads
     if plan is None:
         return fn(*operands)
     for reason in plan.reasons:
-        _warn_once(reason)
+        warn_once(_log, "memory engine under shard_map: %s; that dimension runs whole on each "
+                  "device along the axis (correct, duplicated work)", reason)
     operands = list(operands)
     i = [n for n, _ in ENGINE_OPERANDS].index("state_length")
     if operands[i] is not None:   # an operand of shard_map must be an array

@@ -71,7 +71,7 @@ def _tracer_origins_off() -> Iterator[None]:
     are unchanged. (A no-op if this JAX has no such method.)
     """
     try:
-        from jax._src.interpreters import partial_eval as pe
+        from jax._src.interpreters import partial_eval as pe  # deliberate: private, may be absent
         cls = pe.DynamicJaxprTracer
         original = cls.__dict__["_origin_msg"]
     except (ImportError, AttributeError, KeyError):

@@ -1,4 +1,4 @@
-"""Parameter creation with logical axis names (the sharding rules live in titans_lm/train)."""
+"""Parameter creation with logical axis names (the sharding table: ``titans_lm.nn.axes``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 from flax import nnx
 
-AXIS_NAMES = frozenset({"vocab", "embed", "mlp", "heads", "head_dim", "memory"})
+from titans_lm.nn.axes import AXIS_NAMES
 
 
 def normal_param(rngs: nnx.Rngs, shape: Sequence[int], std: float,

@@ -13,8 +13,8 @@ Conventions (identical to a single call when the state is fresh):
   ``doc_ids`` are 1-based run counters that keep counting across calls (so two runs never share an
   id within a row); persistent positions (:data:`PERSISTENT_SEGMENT_ID`) get -1. ``positions``
   count from 0 at each run start and continue across calls; persistent positions get 0.
-- memory document starts (``titans_lm.memory.documents``): the id changes to a non-zero id
-  (padding is not a start). A continued call whose first token has the id of the previous call's
+- memory document starts: the id changes to a non-zero id (padding is not a start; a padding
+  run continues, and with theta = 0 leaves frozen, the memory of the document before it). A continued call whose first token has the id of the previous call's
   last token does NOT start a document there.
 
 Persistent tokens (Titans, Behrouz et al. 2025, section 3.3) sit before the stream:
@@ -130,8 +130,8 @@ def make_stream(segment_ids_BT, state: StreamState, *, fresh: bool = False,
 
     Returns:
       (stream, new_state). With a fresh state the stream equals, field for field,
-      ``segments.document_ids`` / ``segments.segment_positions`` (runs) and
-      ``documents.document_starts`` (memory starts) of the same ids.
+      ``segments.document_ids`` / ``segments.segment_positions`` (runs), and its ``starts`` are
+      ``(ids != ids shifted right by one, 0 in front) & (ids != 0)`` (memory starts).
 
     Raises:
       ValueError: on ids that are not a 2-D integer array, an empty call, a state whose batch

@@ -33,6 +33,8 @@ from collections.abc import Mapping
 
 import jax
 
+from titans_lm.train import sharding as shd
+
 DEFAULT_INIT_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30
 
@@ -112,7 +114,6 @@ def check_process_rows(mesh, batch_rows: int) -> None:
     Raises:
       ValueError: the mesh interleaves the processes' devices along the batch axes.
     """
-    from titans_lm.train import sharding as shd
     n, i = jax.process_count(), jax.process_index()
     if n == 1:
         return
@@ -125,9 +126,5 @@ def check_process_rows(mesh, batch_rows: int) -> None:
                          f"each process's devices together along mesh.data x mesh.fsdp")
 
 
-def is_primary() -> bool:
-    """True in process 0 (the one that logs, writes metrics and shows the progress bar)."""
-    return jax.process_index() == 0
 
-
-__all__ = ["check_process_rows", "initialize", "is_primary", "resolve"]
+__all__ = ["check_process_rows", "initialize", "resolve"]

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -106,7 +107,6 @@ def launch(args: list[str], *, num_processes: int, devices_per_process: int = 4,
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
-    import threading
     in_main = threading.current_thread() is threading.main_thread()
     old = ({s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} if in_main
            else {})

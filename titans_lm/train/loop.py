@@ -47,14 +47,22 @@ import numpy as np
 from tqdm import tqdm
 
 from titans_lm.config import validate
+from titans_lm.data.pipeline import make_train_iterator
+from titans_lm.data.prepare import prepare
+from titans_lm.data.stream_pipeline import StreamIterator
+from titans_lm.data.tasks import TaskData
+from titans_lm.data.windows import document_windows
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer, DamagedCheckpointError
 from titans_lm.train.diagnose import likely_cause, memory_norms
 from titans_lm.train.distributed import check_process_rows
+from titans_lm.train.max_context import with_max_context
 from titans_lm.train.optimizer import make_optimizer, schedule_warnings
+from titans_lm.train.run_files import check_run_data, write_run_config, write_run_data
 from titans_lm.train.state import (NO_CARRY, Carry, abstract_state, count_params, init_state,
                                    model_fns, state_shardings)
 from titans_lm.train.step import jit_eval_step, jit_train_step
+from titans_lm.train.warm_start import warm_start_params
 from titans_lm.train.writers import MetricWriter
 
 Log = Callable[[str], None]
@@ -108,7 +116,6 @@ def carry_config(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     ``titans-lm eval --context=carry`` uses too); otherwise ``cfg`` itself."""
     if not cfg.train.get("carry_state", False):
         return cfg
-    from titans_lm.eval.evaluate import with_max_context
     return with_max_context(cfg, None)
 
 
@@ -139,10 +146,9 @@ def validation_batches(store, *, seq_len: int, batch_size: int, n_batches: int, 
     """A fixed set of validation batches: ``n_batches * batch_size`` evaluation windows taken at
     evenly spaced positions among all windows of the split's documents (deterministic).
 
-    Rows are the windows of :func:`titans_lm.eval.windows.document_windows`; the batch is padded with
+    Rows are the windows of :func:`titans_lm.data.windows.document_windows`; the batch is padded with
     all-padding rows (weight 0) up to a multiple of ``multiple`` (the batch shards).
     """
-    from titans_lm.eval.windows import document_windows
     rows = [document_windows(store.doc_tokens(d), seq_len, segment_id=d + 1)
             for d in range(store.num_docs)]
     tokens = np.concatenate([r[0] for r in rows])
@@ -158,12 +164,6 @@ def validation_batches(store, *, seq_len: int, batch_size: int, n_batches: int, 
         out.append({"tokens": np.pad(t, ((0, pad), (0, 0))),
                     "segment_ids": np.pad(s, ((0, pad), (0, 0)))})
     return out
-
-
-def _local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """This process's contiguous share of a batch that every process built whole."""
-    p, n = jax.process_index(), jax.process_count()
-    return {k: np.array_split(v, n)[p] for k, v in batch.items()}
 
 
 class _StopFlag:
@@ -236,10 +236,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
         written with a different config.
       NonFiniteLossError: the loss became NaN/inf (naming the step).
     """
-    from titans_lm.data.pipeline import make_train_iterator
-    from titans_lm.data.prepare import prepare
-    from titans_lm.train.run_files import check_run_data, write_run_config, write_run_data
-
     check_train_config(cfg)
     cfg = carry_config(cfg)
     workdir = Path(workdir).resolve()
@@ -256,7 +252,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
 
     task = cfg.data.get("task", "")
     if task:  # a synthetic task (titans_lm.data.tasks): no corpus, no tokenizer
-        from titans_lm.data.tasks import TaskData
         data = TaskData.from_config(cfg)
     else:
         data = prepare(cfg.data, splits=("train", "validation"), log=log if primary else None)
@@ -266,7 +261,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
         f"{dict(mesh.shape)} over {mesh.size} {jax.devices()[0].platform} device(s)")
     tx, schedule = make_optimizer(cfg.optim, tcfg.steps)
     if carry.batch_size or cfg.data.get("streamed", False):  # each row reads its documents in order
-        from titans_lm.data.stream_pipeline import StreamIterator
         it = StreamIterator(data.stores["train"], seq_len=T, batch_size=tcfg.batch_size,
                             seed=cfg.data.shuffle_seed, doc_align=cfg.data.doc_align,
                             shard_index=jax.process_index(), shard_count=jax.process_count())
@@ -306,7 +300,6 @@ def train(cfg: ml_collections.ConfigDict, workdir: str | Path, *,
         else:
             params = None
             if tcfg.get("init_from", ""):
-                from titans_lm.train.warm_start import warm_start_params
                 params = warm_start_params(tcfg.init_from,
                                            abstract_state(fns, tx, mesh, carry).params, cfg, log)
             state = init_state(cfg.model, fns, tx, mesh, tcfg.seed, carry, params)
@@ -424,7 +417,7 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
     def validate_now(s: int) -> None:
         nll, n = 0.0, 0.0
         for b in val:
-            a, c = eval_fn(state.params, shd.put_batch(_local_rows(b), mesh))
+            a, c = eval_fn(state.params, shd.put_global_batch(b, mesh))
             nll, n = nll + float(a), n + float(c)
         loss = nll / max(n, 1.0)
         result.val_losses[s] = loss

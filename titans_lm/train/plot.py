@@ -43,9 +43,9 @@ def plot_runs(workdirs: Sequence[str | Path], out: str | Path) -> Path:
     Raises:
       FileNotFoundError, ValueError: as :func:`run_curves`, naming the run.
     """
-    import matplotlib
+    import matplotlib  # deliberate: a heavy import, loaded only to draw
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deliberate: as above
 
     runs = [(Path(w), run_curves(w)) for w in workdirs]
     fig, (ax_loss, ax_tps) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -2,8 +2,8 @@
 
 Parallelism is declared as data. Parameters carry *logical* axis names (``vocab``, ``embed``,
 ``mlp``, ``heads``, ``head_dim``, ``memory``; see the contract in ``titans_lm/models``), set with
-``nnx.with_partitioning``. One table, :data:`LOGICAL_AXIS_RULES`, maps each logical name to a mesh
-axis; the mesh has three axes:
+``nnx.with_partitioning``. One table, :data:`LOGICAL_AXIS_RULES` (defined in ``titans_lm.nn.axes``),
+maps each logical name to a mesh axis; the mesh has three axes:
 
 - ``data``: pure data parallelism (parameters replicated, batch split);
 - ``fsdp``: the batch is split *and* parameters are sharded along their ``embed`` axis
@@ -30,23 +30,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
-
-# The one sharding table: logical parameter axis -> mesh axis (None: replicated).
-# "head_dim" stays whole so each head's q/k/v live on one device; "memory" (the inner-loop
-# memory's own hidden axes) stays whole because the memory is updated chunk by chunk inside a
-# scan, where a sharded hidden axis would cost collectives at every chunk.
-LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("head_dim", None),
-    ("memory", None),
-)
-
-# The batch dimension is split over both data-parallel axes.
-BATCH_AXES = ("data", "fsdp")
+from titans_lm.nn.axes import BATCH_AXES, LOGICAL_AXIS_RULES, MESH_AXES
 
 _log = logging.getLogger(__name__)
 
@@ -177,6 +161,21 @@ def put_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Arra
             for k, v in batch.items()}
 
 
+def process_rows(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This process's contiguous share of a batch that every process built whole: block
+    ``jax.process_index()`` of ``jax.process_count()`` blocks along the rows (the whole batch
+    in a single process)."""
+    p, n = jax.process_index(), jax.process_count()
+    return {k: np.array_split(np.asarray(v), n)[p] for k, v in batch.items()}
+
+
+def put_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """:func:`put_batch` of a batch that every process built whole (evaluation and validation
+    batches): each process passes its own rows (:func:`process_rows`), the result is ``batch``
+    as one global array per key, sharded over the batch axes."""
+    return put_batch(process_rows(batch), mesh)
+
+
 def traced_under(mesh: Mesh, fn: Callable) -> Callable:
     """``fn`` traced with ``mesh`` as JAX's current abstract mesh.
 
@@ -192,13 +191,3 @@ def traced_under(mesh: Mesh, fn: Callable) -> Callable:
             return fn(*args, **kwargs)
     return wrapped
 
-
-def maybe_initialize_distributed() -> bool:
-    """Call ``jax.distributed.initialize()`` when the environment describes a multi-process job
-    (``titans_lm.train.distributed.initialize`` with no explicit arguments; see there).
-
-    Returns:
-      True when it initialised the distributed runtime.
-    """
-    from titans_lm.train import distributed
-    return distributed.initialize()

@@ -19,7 +19,10 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh
 
+from titans_lm.models import build_model
+from titans_lm.nn.dtypes import cast_floats
 from titans_lm.train import sharding as shd
+from titans_lm.train.carry import model_state_shardings
 
 
 @struct.dataclass
@@ -87,7 +90,6 @@ class ModelFns:
 
 
 def _build(model_cfg: ml_collections.ConfigDict, seed: int) -> nnx.Module:
-    from titans_lm.models import build_model  # imported lazily: the registry imports every backbone
     with nnx.use_eager_sharding(False):
         return build_model(model_cfg, rngs=nnx.Rngs(seed))
 
@@ -147,7 +149,6 @@ class Carry:
 
     def init_fn(self, fns: ModelFns):
         """``params -> model.init_state(B)`` with the parameters cast to the compute dtype."""
-        from titans_lm.train.step import cast_floats  # the step module imports this one
         dtype = jnp.dtype(self.compute_dtype)
         return lambda params, b=self.batch_size: fns.init_model_state(cast_floats(params, dtype), b)
 
@@ -160,7 +161,6 @@ def state_shardings(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh,
     """A ``TrainState`` of ``NamedSharding``: parameters by the logical-axis table, optimiser
     moments like their parameters, step and rng replicated, a carried model state like the batch
     (``titans_lm.train.carry.model_state_shardings``)."""
-    from titans_lm.train.carry import model_state_shardings
     abs_params = fns.abstract_params()
     param_sh = shd.param_shardings(abs_params, fns.logical_axes, mesh)
     abs_opt = jax.eval_shape(tx.init, abs_params)

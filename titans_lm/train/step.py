@@ -28,8 +28,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from titans_lm.memory import stats as memory_stats
 from titans_lm.models.remat import compiler_options
+from titans_lm.nn.dtypes import cast_floats
 from titans_lm.train import sharding as shd
+from titans_lm.train.carry import cast_like, refresh
 from titans_lm.train.state import ModelFns, TrainState
 
 Batch = Mapping[str, jax.Array]
@@ -59,12 +62,6 @@ def loss_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Arra
     return jnp.sum(nll_BT * w), jnp.sum(w)
 
 
-def cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
-    """``tree`` with its floating-point leaves cast to ``dtype`` (integer leaves unchanged)."""
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                        tree)
-
-
 def _nll_sum(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype
              ) -> tuple[jax.Array, jax.Array]:
     inputs, targets, seg_in, weights = split_batch(batch)
@@ -81,7 +78,6 @@ def carried_nll_sum(params: Any, model_state: Any, batch: Batch, fns: ModelFns,
     for its parameter-derived parts, rebuilt from ``params`` (:func:`titans_lm.train.carry.refresh`);
     the new state has the incoming state's dtypes.
     """
-    from titans_lm.train.carry import cast_like, refresh
     inputs, targets, seg_in, weights = split_batch(batch)
     p = cast_floats(params, compute_dtype)
     fresh = fns.init_model_state(p, inputs.shape[0])
@@ -96,7 +92,6 @@ def _nll_sum_and_stats(params: Any, batch: Batch, fns: ModelFns, compute_dtype: 
     """``(nll_sum, (n_tokens, memory stats, new model state))``: the memory layers' state norms
     (``titans_lm.memory.stats``) ride along as auxiliary outputs, and with a carried
     ``model_state`` the state after this batch (else None)."""
-    from titans_lm.memory import stats as memory_stats
     with memory_stats.collect() as st:
         if model_state is None:
             nll, n = _nll_sum(params, batch, fns, compute_dtype)
