@@ -150,7 +150,6 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
       ValueError: an empty prompt, a prompt longer than a bounded context, a bad setting.
     """
     from titans_lm.eval.evaluate import load_run
-    from titans_lm.eval.streaming import StatefulLM
     import jax
 
     if int(max_new_tokens) < 1:
@@ -173,7 +172,6 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
         if longest + int(max_new_tokens) - 1 > bound:
             print(f"note: past {bound} tokens the context slides (the KV cache keeps the last "
                   f"{bound} tokens)", file=err)
-    lm = StatefulLM(run.fns)
     streams = [TextStream(tokenizer, x) for x in ids]
     single = len(prompts) == 1
 
@@ -187,7 +185,7 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
     if single:
         out.write(prompts[0])
         out.flush()
-    gen = generate(Decoder(lm.init_state, lm.apply, sampling), run.params, ids,
+    gen = generate(Decoder(run.fns, sampling), run.params, ids,
                    max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens)
     texts = [s.text() for s in streams]
     if single:
