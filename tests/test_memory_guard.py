@@ -87,9 +87,11 @@ def test_memory_norms_come_from_the_state_a_call_returns():
     # by hand: the state after 8 tokens (2 chunks) against W0
     _, state = layers[0](x, stream, layers[0].init_state(2))
     w0 = [np.asarray(w, np.float64) for w in layers[0].initial_params()]
-    sq = sum(np.sum(np.asarray(p, np.float64) ** 2, axis=tuple(range(2, p.ndim))) for p in state.params)
+    sq = sum(np.sum(np.asarray(p, np.float64) ** 2, axis=tuple(range(2, p.ndim)))
+             for p in state.params)
     sq0 = sum(np.sum(w ** 2, axis=tuple(range(1, w.ndim))) for w in w0)
-    np.testing.assert_allclose(float(m["memory_norm_0"]), np.max(np.sqrt(sq / sq0[None])), rtol=1e-5)
+    np.testing.assert_allclose(float(m["memory_norm_0"]), np.max(np.sqrt(sq / sq0[None])),
+                               rtol=1e-5)
 
     def in_scan(x):
         def body(c, xi):

@@ -1,20 +1,20 @@
 """The memory ablation probe: how much loss a memory's content saves.
 
 ``titans-lm eval --ablate_at=P`` (:func:`ablate_memory`; run by
-``titans_lm.eval.by_position_eval``): the carry run again, but at the first window boundary at or after ``P`` inside each document (``P`` rounded up to a
-multiple of the window ``T``: ``P' = ceil(P / T) * T``), every neural memory of the model is
-reset in that document's row. LMM, TTT and the memories of MAG and MAL
-(``titans_lm.memory.carried.MemoryState``) go to the state a document start restores: weights to
-``reset_to`` (W0, or the state the persistent tokens leave), momentum to zero, and the tokens
-buffered for the current chunk are dropped (marked padding, so they are never written). MAC's
-memory (``titans_lm.models.mac.MACState.memory``, the state at the current segment's start) goes
-to the layer's W0 from the current parameters with zero momentum; its segment buffer is kept, so
-the current segment's tokens before ``P'`` (fewer than ``segment_len``; none when
-``segment_len`` divides ``T``) are retrieved from W0 and written into the reset memory again when
-the next window runs (their outputs were scored before the reset and are not used): the reset
-removes what the segments completed before the one holding ``P'`` wrote (nothing where ``P'``
-falls inside a document's first segment). Nothing else changes: attention caches, segment
-buffers, the memories' convolution tails and the stream positions stay, and no document boundary is signalled.
+``titans_lm.eval.by_position_eval``): the carry run again, but at the first window boundary at or
+after ``P`` inside each document (``P`` rounded up to a multiple of the window ``T``:
+``P' = ceil(P / T) * T``), every neural memory of the model is reset in that document's row. LMM, TTT and the
+memories of MAG and MAL (``titans_lm.memory.carried.MemoryState``) go to the state a document start
+restores: weights to ``reset_to`` (W0, or the state the persistent tokens leave), momentum to zero,
+and the tokens buffered for the current chunk are dropped (marked padding, so they are never
+written). MAC's memory (``titans_lm.models.mac.MACState.memory``, the state at the current
+segment's start) goes to the layer's W0 from the current parameters with zero momentum; its segment
+buffer is kept, so the current segment's tokens before ``P'`` (fewer than ``segment_len``; none
+when ``segment_len`` divides ``T``) are retrieved from W0 and written into the reset memory again
+when the next window runs (their outputs were scored before the reset and are not used): the reset
+removes what the segments completed before the one holding ``P'`` wrote (nothing where ``P'`` falls
+inside a document's first segment). Nothing else changes: attention caches, segment buffers, the
+memories' convolution tails and the stream positions stay, and no document boundary is signalled.
 Positions ``< P'`` are therefore scored exactly as in the unablated run, and the mean loss over
 positions ``>= P'`` against the unablated run's is the loss the memory's content saves
 (``<workdir>/ablation_<dataset>_at<P'>.json``, with the count of non-finite losses of each run).

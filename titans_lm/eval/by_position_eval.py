@@ -26,7 +26,6 @@ with the memories reset at a window boundary (``titans_lm.eval.ablation``).
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence

@@ -14,10 +14,10 @@ jit). ``model(tokens_BT, segment_ids_BT)`` is that call's logits, a shorthand fo
 
 A call over [w1 || w2] equals the call over w1 followed by the call over w2 with the returned state
 (documents are given by the segment ids across calls, ``titans_lm.nn.stream``). A backbone supplies
-``make_mixer(layer, rngs) -> mixer`` (the token mixer of each block, with the mixer protocol of
-``titans_lm.models.blocks``) and, optionally, a number of persistent-memory tokens (Titans section
-3.3): ``init_state`` runs the blocks over them (segment id -1), so every stream starts from the
-state they leave and the real tokens alone are processed by each call. The head is the transposed
+``make_mixer(layer, rngs) -> mixer`` (the token mixer of each block, with the mixer protocol
+``titans_lm.models.mixer.Mixer``) and, optionally, a number of persistent-memory tokens (Titans
+section 3.3): ``init_state`` runs the blocks over them (segment id -1), so every stream starts from
+the state they leave and the real tokens alone are processed by each call. The head is the transposed
 embedding (tied) or a separate [D, V] matrix (untied), by ``tie_embeddings``.
 
 Init (GPT-2/GPT-3 style): embeddings, the untied head and input projections N(0, init_std^2);

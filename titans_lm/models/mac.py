@@ -195,7 +195,8 @@ class MACMixer(nnx.Module):
         params, momentum = state.memory
         start = self.memory.init_state(rows_B.shape[0])
         return state._replace(memory=(
-            tuple(select_rows(rows_B, p0.astype(p.dtype), p) for p0, p in zip(start.params, params)),
+            tuple(select_rows(rows_B, p0.astype(p.dtype), p)
+                  for p0, p in zip(start.params, params)),
             tuple(select_rows(rows_B, jnp.zeros_like(m), m) for m in momentum)))
 
     def memory_norms(self, state: MACState) -> tuple[jax.Array]:

@@ -286,7 +286,7 @@ class Attention(nnx.Module):
                               empty_cache(batch_size, self.cache_size, H, K, dt))
 
     def reset_memory(self, state: AttentionState, rows_B: jax.Array) -> AttentionState:
-        """No neural memory: ``state`` unchanged (the mixer protocol, ``titans_lm.models.mixer``)."""
+        """No neural memory: ``state`` unchanged (mixer protocol, ``titans_lm.models.mixer``)."""
         del rows_B
         return state
 
