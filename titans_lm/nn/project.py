@@ -19,7 +19,8 @@ products of the flattened arrays, so ``g`` keeps its natural [tokens, out] layou
 cheap activations ``x`` are transposed.
 
 The custom gradient is a CPU layout fix, so it is used only where it helps: when JAX's default
-backend is the CPU (decided at trace time) and outside :func:`forward_mode`. Elsewhere (GPU, TPU)
+backend is the CPU (decided at trace time) and outside ``forward_mode()``
+(:mod:`titans_lm.nn.cpu_gradients`, re-exported here). Elsewhere (GPU, TPU)
 ``project`` is the plain einsum, which JAX differentiates in both modes. A ``jax.custom_vjp``
 function has no forward mode: ``jax.jvp`` (and ``jax.linearize``, ``jax.jacfwd``, forward-over-
 reverse Hessian products) through a model on the CPU must be traced inside ``with
@@ -29,37 +30,12 @@ backward's layout differs). ``jax.grad`` to any order works everywhere.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import threading
-from collections.abc import Iterator
 
 import jax
 
-_setting = threading.local()
-
-
-@contextlib.contextmanager
-def forward_mode() -> Iterator[None]:
-    """Within the block, :func:`project` traces as the plain einsum on every backend, so that
-    ``jax.jvp`` / ``jax.linearize`` work through it (module docstring). A trace-time setting of
-    the current thread, like ``nnx.use_eager_sharding``: it must enclose the tracing (the
-    ``jax.jvp`` call, or the first call of a jitted function); JAX caches traces per function,
-    not per this setting, so a function traced outside the block keeps its custom gradient."""
-    previous = getattr(_setting, "plain", False)
-    _setting.plain = True
-    try:
-        yield
-    finally:
-        _setting.plain = previous
-
-
-def uses_custom_gradient() -> bool:
-    """Whether :func:`project` traced now uses its custom gradient: the default backend is the
-    CPU and no :func:`forward_mode` block is active."""
-    return jax.default_backend() == "cpu" and not getattr(_setting, "plain", False)
-
+from titans_lm.nn.cpu_gradients import forward_mode, uses_custom_gradient
 
 def project(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     """``einsum`` of x's last ``n_in`` axes with w's first ``n_in`` axes.
@@ -79,6 +55,9 @@ def project(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     if uses_custom_gradient():
         return _project_cpu(x, w, n_in)
     return _matmul(x, w, n_in)
+
+
+__all__ = ["forward_mode", "project", "uses_custom_gradient"]
 
 
 def _matmul(x, w, n_in):
