@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from titans_lm.memory import stats as memory_stats
+from titans_lm.models.lm import continued
 from titans_lm.models.remat import compiler_options
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import ModelFns, TrainState
@@ -84,7 +86,6 @@ def carried_nll_sum(params: Any, model_state: Any, batch: Batch, fns: ModelFns,
     for its parameter-derived parts, rebuilt from ``params`` (:func:`titans_lm.train.carry.refresh`);
     the new state has the incoming state's dtypes.
     """
-    from titans_lm.models.lm import continued
     from titans_lm.train.carry import cast_like, refresh
     inputs, targets, seg_in, weights = split_batch(batch)
     p = cast_floats(params, compute_dtype)
@@ -102,7 +103,6 @@ def _nll_sum_and_stats(params: Any, batch: Batch, fns: ModelFns, compute_dtype: 
     (``titans_lm.memory.stats``, computed from the state the call returns) ride along as
     auxiliary outputs, and with a carried ``model_state`` the state after this batch (else
     None)."""
-    from titans_lm.memory import stats as memory_stats
     if model_state is None:
         nll, (n, state) = _nll_sum(params, batch, fns, compute_dtype)
         new_state = None
