@@ -192,7 +192,8 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
         cdt = jnp.dtype(cfg.train.compute_dtype)
 
         def forward(params, tokens, seg):
-            return fns.apply(cast_floats(params, cdt), tokens, seg)
+            p = cast_floats(params, cdt)
+            return fns.apply(p, tokens, seg, fns.init_state(p, tokens.shape[0]))[0]
 
         tok_spec = jax.ShapeDtypeStruct((B, T), np.int32)
         row["fwd"], compiled = lower_and_compile(jax.jit(forward), fns.abstract_params(),

@@ -105,3 +105,21 @@ def test_banded_window_attention_counts_two_windows_of_keys():
     c = count_flops(m, T)
     assert c.executed["attention_core"] == L * T * 4 * D * 2 * 16
     assert count_flops(m, 24).executed["attention_core"] == L * 24 * 4 * D * 24   # 24 % W: dense
+
+
+def test_traced_flops_fall_back_to_no_dead_code_elimination(monkeypatch):
+    """Without the private JAX module the count keeps the dead matmuls (an upper bound) and
+    warns; with it the dead one is removed."""
+    import sys
+    w = jnp.ones((8, 8))
+
+    def f(x):
+        _ = x @ w            # dead
+        return x @ w @ w
+    x = jnp.ones((4, 8))
+    exact = traced_forward_flops(f, x)
+    assert exact == 2 * (2 * 4 * 8 * 8)
+    # the private module as this JAX has it, without its DCE function (a changed JAX)
+    monkeypatch.delattr(sys.modules["jax._src.interpreters.partial_eval"], "dce_jaxpr")
+    with pytest.warns(RuntimeWarning, match="no dead-code elimination"):
+        assert traced_forward_flops(f, x) == 3 * (2 * 4 * 8 * 8)

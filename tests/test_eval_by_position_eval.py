@@ -10,15 +10,15 @@ import pytest
 from _documents import random_docs
 from _tiny_run import REPO, tiny_config
 from titans_lm.config import load
+from titans_lm.eval.ablation import ablate_memory, ablation_summary, format_ablation
 from titans_lm.eval.by_position import loss_by_position
-from titans_lm.eval.by_position_eval import (ablate_memory, ablation_summary, carry_losses,
-                                             evaluate_by_position, format_ablation,
+from titans_lm.eval.by_position_eval import (carry_losses, evaluate_by_position,
                                              make_position_step, make_reset_losses_fn, reset_losses,
                                              stream_position_batches, token_losses)
 from titans_lm.eval.evaluate import make_score_fn, score_documents
 from titans_lm.eval.perplexity import score_batch
-from titans_lm.eval.streaming import StatefulLM, make_carry_step, score_documents_carry
-from titans_lm.memory.layer import MemoryState
+from titans_lm.eval.streaming import make_carry_step, score_documents_carry
+from titans_lm.memory.carried import MemoryState
 from titans_lm.models.mac import MACState
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import init_params, model_fns
@@ -97,10 +97,10 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
     fns, params = _model(name, **changes)
     docs = _docs([4 * T + 1, 7, 2 * T + 3], seed=1)
     mesh = _mesh()
-    loss, pos = carry_losses(*make_position_step(StatefulLM(fns)), params, docs, seq_len=T,
+    loss, pos = carry_losses(*make_position_step(fns), params, docs, seq_len=T,
                              batch_size=2, mesh=mesh)
     r = loss_by_position(loss, pos)
-    carry = score_documents_carry(*make_carry_step(StatefulLM(fns)), params, docs, [], seq_len=T,
+    carry = score_documents_carry(*make_carry_step(fns), params, docs, [], seq_len=T,
                                   batch_size=2, mesh=mesh)
     assert r["total_count"] == carry.n_tokens == len(loss)
     np.testing.assert_allclose(sum(r["loss_sum"]), carry.nll_nats, rtol=1e-10)
@@ -124,7 +124,7 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
 def test_ablation_changes_only_positions_from_p(x64, name, changes, ablate_at, where):
     fns, params = _model(name, **changes)
     docs = _docs([3 * T + 1, 2 * T + 5, 5], seed=3)
-    step = make_position_step(StatefulLM(fns))
+    step = make_position_step(fns)
     kw = dict(seq_len=T, batch_size=2, mesh=_mesh())
     base = carry_losses(*step, params, docs, baseline_of_ablation=True, **kw)
     abl = carry_losses(*step, params, docs, ablate_at=ablate_at, **kw)
@@ -166,7 +166,7 @@ def test_fixture_memories_stay_in_their_stable_range(x64, name):
     the weights of every memory grew past 1e20 in 3 windows and MAG's reads overflowed to NaN
     (an unablated stream that the ablation test compared against)."""
     fns, params = _model(name, **({"segment_len": T} if name == "mac" else {}))
-    init, step = make_position_step(StatefulLM(fns))
+    init, step = make_position_step(fns)
     state = init(params, 2)
     w0 = _memory_params(state)
     assert len(w0) == 2 * 2  # two layers of two weight matrices
@@ -192,13 +192,12 @@ def _memory_params(state):
 
 def test_ablate_memory_resets_selected_rows_and_refuses_models_without_memory(x64):
     fns, params = _model("lmm")
-    lm = StatefulLM(fns)
-    init, step = make_position_step(lm)
+    init, step = make_position_step(fns)
     docs = _docs([2 * T + 1, 2 * T + 1], seed=4)
     state = init(params, 2)
     batch = next(stream_position_batches(docs, seq_len=T, n_rows=2))[0]
     _, _, state = step(params, state, {k: jnp.asarray(v) for k, v in batch.items()})
-    out = ablate_memory(state, jnp.array([True, False]))
+    out = ablate_memory(fns, params, state, jnp.array([True, False]))
     mems = [x for x in jax.tree.leaves(state, is_leaf=lambda n: hasattr(n, "reset_to"))
             if hasattr(x, "reset_to")]
     new = [x for x in jax.tree.leaves(out, is_leaf=lambda n: hasattr(n, "reset_to"))
@@ -213,22 +212,21 @@ def test_ablate_memory_resets_selected_rows_and_refuses_models_without_memory(x6
             assert not np.asarray(q[0]).any()
             np.testing.assert_array_equal(q[1], mo[1])
     tfns, tparams = _model("transformer", max_context=T)
-    tstate = StatefulLM(tfns).init_state(tparams, 2)
+    tstate = tfns.init_state(tparams, 2)
     with pytest.raises(ValueError, match="neural memory"):
-        ablate_memory(tstate, jnp.array([True, False]))
+        ablate_memory(tfns, tparams, tstate, jnp.array([True, False]))
 
 
 def test_ablate_memory_resets_mac_memory_to_w0_and_keeps_its_segment(x64):
     fns, params = _model("mac", segment_len=8)
-    lm = StatefulLM(fns)
     docs = _docs([2 * T + 1, 2 * T + 1], seed=4)
     batch = next(stream_position_batches(docs, seq_len=T, n_rows=2))[0]
-    state = lm.init_state(params, 2)
+    state = fns.init_state(params, 2)
     # 12 tokens: one segment of 8 written into the memory, 4 in the segment buffer
-    _, state = lm.apply(params, jnp.asarray(batch["tokens"][:, :12]),
-                        jnp.asarray(batch["segment_ids"][:, :12]), state)
-    initial = lm.init_state(params, 2)
-    out = ablate_memory(state, jnp.array([False, True]), initial)
+    _, state = fns.apply(params, jnp.asarray(batch["tokens"][:, :12]),
+                         jnp.asarray(batch["segment_ids"][:, :12]), state)
+    initial = fns.init_state(params, 2)
+    out = ablate_memory(fns, params, state, jnp.array([False, True]))
     old, new, init = (_memory_nodes(x, MACState) for x in (state, out, initial))
     assert len(old) == 2  # one per layer
     w0 = [np.asarray(w) for w in fns.module(params).blocks[0].mixer.memory.initial_params()]
@@ -248,8 +246,6 @@ def test_ablate_memory_resets_mac_memory_to_w0_and_keeps_its_segment(x64):
         for a, b in zip(jax.tree.leaves((o.segment, o.retrieval_tail, o.write_tail)),
                         jax.tree.leaves((n.segment, n.retrieval_tail, n.write_tail))):
             np.testing.assert_array_equal(a, b)  # segment buffer and conv tails kept
-    with pytest.raises(ValueError, match="initial"):
-        ablate_memory(state, jnp.array([False, True]))
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from _documents import random_docs
 from _tiny_run import REPO
 from titans_lm.config import load
 from titans_lm.eval.evaluate import make_score_fn, score_documents
-from titans_lm.eval.streaming import (StatefulLM, assign_rows, make_carry_step,
+from titans_lm.eval.streaming import (assign_rows, make_carry_step,
                                       score_documents_carry, stream_batches, stream_rows)
 from titans_lm.data.windows import num_windows
 from titans_lm.train import sharding as shd
@@ -96,7 +96,7 @@ def _reset_totals(fns, params, docs, batch_size=4):
 
 
 def _carry_totals(fns, params, docs, batch_size=4):
-    return score_documents_carry(*make_carry_step(StatefulLM(fns)), params, docs, [], seq_len=T,
+    return score_documents_carry(*make_carry_step(fns), params, docs, [], seq_len=T,
                                  batch_size=batch_size, mesh=_mesh())
 
 

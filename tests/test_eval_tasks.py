@@ -55,11 +55,13 @@ class BigramMemory:
         self.vocab = vocab
         self.calls = []
 
-    def init_state(self, batch_size):
+    def init_state(self, params, batch_size):
+        del params
         return {"table": np.zeros((batch_size, self.vocab), np.int64),
                 "prev": np.full(batch_size, -1), "count": np.zeros(batch_size, np.int64)}
 
-    def __call__(self, tokens_BT, segment_ids_BT, state):
+    def apply(self, params, tokens_BT, segment_ids_BT, state):
+        del params
         B, T = tokens_BT.shape
         self.calls.append(T)
         table, prev = state["table"].copy(), state["prev"].copy()
@@ -74,14 +76,14 @@ class BigramMemory:
         return logits, {"table": table, "prev": prev, "count": state["count"] + T}
 
     def whole(self, x, g):  # one stateless call over the whole row
-        return np.argmax(self(x, g, self.init_state(x.shape[0]))[0], axis=-1)
+        return np.argmax(self.apply(None, x, g, self.init_state(None, x.shape[0]))[0], axis=-1)
 
 
 def test_carry_driver_streams_windows_with_the_state_and_equals_one_call():
     b = _mqar_batch(512, 64)
     x, g = b["tokens"][:, :-1], b["segment_ids"][:, :-1]
     model = BigramMemory()
-    carried = tasks.carry_predictions(model, x[:, :500], g[:, :500], 64)
+    carried = tasks.carry_predictions((model, None), x[:, :500], g[:, :500], 64)
     assert model.calls == [64] * 7 + [52]  # the last window at its own length, no padding
     np.testing.assert_array_equal(carried, model.whole(x[:, :500], g[:, :500]))
     acc = {name: tasks.task_accuracy(run, fn, [b], 64)["token_acc"]

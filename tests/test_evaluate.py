@@ -61,7 +61,7 @@ def test_evaluate_matches_direct_computation(run):
         abstract = fns.abstract_params()
         params, step = ck.restore_params(abstract)
     assert step == 3
-    apply = jax.jit(fns.apply)
+    apply = jax.jit(lambda p, x, s: fns.apply(p, x, s, fns.init_state(p, x.shape[0]))[0])
     train_tokens = np.asarray(prep.stores["train"].tokens)
     counts = np.bincount(train_tokens, minlength=cfg.model.vocab_size).astype(np.float64)
     counts[PAD_ID] = counts[BOS_ID] = 0

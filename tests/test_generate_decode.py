@@ -7,7 +7,6 @@ import pytest
 
 from test_eval_streaming import _model as _build_model
 from titans_lm.config import BOS_ID
-from titans_lm.eval.streaming import StatefulLM
 from titans_lm.generate.decode import Decoder, generate, pad_prompts
 from titans_lm.generate.sampling import SamplingConfig
 
@@ -47,8 +46,7 @@ def _run(fns, params, prompts, n_new, sampling=SamplingConfig(temperature=0.0), 
     """generate() with one Decoder per model and sampling setting (compiled shapes reused)."""
     key = (id(fns), sampling)
     if key not in _DECODERS:
-        lm = StatefulLM(fns)
-        _DECODERS[key] = (fns, Decoder(lm.init_state, lm.apply, sampling))
+        _DECODERS[key] = (fns, Decoder(fns, sampling))
     return generate(_DECODERS[key][1], params, prompts, max_new_tokens=n_new, return_logits=True,
                     **kw)
 

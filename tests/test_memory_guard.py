@@ -63,26 +63,48 @@ def test_guard_config_is_validated():
         MemoryConfig(d_model=32, surprise_max_norm=1.0, impl="pallas")
 
 
-def test_memory_stats_record_each_layer_and_nothing_outside_collect():
+def test_memory_norms_come_from_the_state_a_call_returns():
+    """One norm per memory layer from the returned state (||P|| / ||W0|| of its chunk-start
+    memory, max over rows and heads), also where the call runs inside another transformation
+    (lax.scan, jax.checkpoint), which the trace-time records of before could not leave."""
+    from titans_lm.nn.stream import fresh_stream_state, make_stream
     cfg = MemoryConfig(d_model=16, n_heads=2, head_dim=8, memory_depth=2, chunk_size=4)
     with nnx.use_eager_sharding(False):
         layers = [NeuralMemory(cfg, rngs=nnx.Rngs(i)) for i in range(2)]
     x = jax.random.normal(jax.random.key(0), (2, 8, 16))
+    stream, _ = make_stream(jnp.ones((2, 8), jnp.int32), fresh_stream_state(2), fresh=True)
 
     def f(x):
-        with memory_stats.collect() as st:
-            y = call_fresh(layers[1], call_fresh(layers[0], x))
-        return y, st.as_metrics()
+        norms = []
+        for layer in layers:
+            x, state = layer(x, stream, layer.init_state(2))
+            norms += layer.memory_norms(state)
+        return x, memory_stats.as_metrics(norms)
     y, m = jax.jit(f)(x)
     assert sorted(m) == ["memory_norm_0", "memory_norm_1"]
-    assert all(0.1 < float(v) < 10 for v in m.values())
-    np.testing.assert_allclose(call_fresh(layers[0], x), jax.jit(lambda x: call_fresh(layers[0], x))(x), atol=1e-6)
+    assert all(0.1 < float(v) < 10 and float(v) != 1.0 for v in m.values())
+    np.testing.assert_allclose(y, call_fresh(layers[1], call_fresh(layers[0], x)), atol=1e-6)
+    # by hand: the state after 8 tokens (2 chunks) against W0
+    _, state = layers[0](x, stream, layers[0].init_state(2))
+    w0 = [np.asarray(w, np.float64) for w in layers[0].initial_params()]
+    sq = sum(np.sum(np.asarray(p, np.float64) ** 2, axis=tuple(range(2, p.ndim)))
+             for p in state.params)
+    sq0 = sum(np.sum(w ** 2, axis=tuple(range(1, w.ndim))) for w in w0)
+    np.testing.assert_allclose(float(m["memory_norm_0"]), np.max(np.sqrt(sq / sq0[None])),
+                               rtol=1e-5)
 
-    def in_scan(x):  # a scan inside lax.scan cannot hand its value out: dropped, no error
-        with memory_stats.collect() as st:
-            y, _ = jax.lax.scan(lambda c, xi: (c, call_fresh(layers[0], xi[None])[0]), 0.0, x)
-        return y, st.as_metrics()
-    assert jax.jit(in_scan)(x)[1] == {}
+    def in_scan(x):
+        def body(c, xi):
+            _, st = layers[0](xi[None], jax.tree.map(lambda a: a[:1] if a.ndim else a, stream),
+                              layers[0].init_state(1))
+            return c, layers[0].memory_norms(st)[0]
+        return jax.lax.scan(body, 0.0, x)[1]
+    per_row = jax.jit(in_scan)(x)
+    assert per_row.shape == (2,) and np.isfinite(per_row).all()
+    np.testing.assert_allclose(float(per_row.max()), float(m["memory_norm_0"]), rtol=1e-5)
+    remat = jax.jit(jax.checkpoint(lambda x: layers[0].memory_norms(
+        layers[0](x, stream, layers[0].init_state(2))[1])[0]))
+    np.testing.assert_allclose(float(remat(x)), float(m["memory_norm_0"]), rtol=1e-6)
 
 
 def test_likely_cause_names_the_inner_loop_or_the_optimiser():

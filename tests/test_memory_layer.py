@@ -200,7 +200,8 @@ def _lower_level_pieces(layer, x, seg):
         m = nnx.merge(graphdef, st)
         out = {"call": call(m, x, seg)}
         inp = project(m, x, seg)
-        state = m.initial_state(x.shape[0])
+        s0 = m.init_state(x.shape[0])
+        state = (s0.params, s0.momentum)
         reads, final = m.scan(state, *inp)
         out.update(inputs=inp, state=state, reads=reads, final=final, composed=m.output(reads, x))
         seg_reads, state_n = [], state   # a MAC-style loop over segments of 8 tokens
@@ -221,7 +222,8 @@ def _lower_level_pieces(layer, x, seg):
         out.update(read_final=m.read(final, inp.q),
                    start_reads=m.scan(state, *inp, read="chunk_start")[0],
                    read_initial=m.read(state, inp.q[:, :, :4]),
-                   restarted=m.reset_state(final, jnp.array([True, False])))
+                   restarted=m.reset_memory(s0._replace(params=final[0], momentum=final[1]),
+                                            jnp.array([True, False])))
         return out
 
     return jax.jit(pieces, compiler_options=FAST_COMPILE)(st, x, seg)
@@ -248,9 +250,14 @@ def test_lower_level_api_composes_to_the_call_and_to_a_segment_loop():
         np.testing.assert_allclose(o["read_final"][1, 0], want, atol=1e-14)
         # chunk_start reads of the first chunk come from the initial state.
         np.testing.assert_allclose(o["start_reads"][:, :, :4], o["read_initial"], atol=1e-14)
-        for a, b, c in zip(o["restarted"][0], o["state"][0], o["final"][0]):
+        restarted = o["restarted"]   # row 0 back to W0 with zero momentum, row 1 kept
+        for a, b, c in zip(restarted.params, o["state"][0], o["final"][0]):
             np.testing.assert_array_equal(a[0], b[0])
             np.testing.assert_array_equal(a[1], c[1])
+        for a, c in zip(restarted.momentum, o["final"][1]):
+            assert not np.asarray(a[0]).any()
+            np.testing.assert_array_equal(a[1], c[1])
+        assert not np.asarray(restarted.buf_real[0]).any()
 
 
 def test_config_switch_impl_reference_matches_chunked():

@@ -164,8 +164,8 @@ def _loss_and_grads(impl, mesh, batch):
     state_sh = state_shardings(fns, tx, mesh)
 
     def f(params, batch):
-        (nll, n), grads = jax.value_and_grad(_nll_sum, has_aux=True)(params, batch, fns,
-                                                                      jnp.float32)
+        (nll, (n, _)), grads = jax.value_and_grad(_nll_sum, has_aux=True)(params, batch, fns,
+                                                                           jnp.float32)
         return nll / n, jax.tree.map(lambda g: g / n, grads)
 
     jf = jax.jit(shd.traced_under(mesh, f),

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.memory.layer import MemoryState, NeuralMemory
+from titans_lm.memory.carried import MemoryState
+from titans_lm.memory.layer import NeuralMemory
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 from titans_lm.nn.stream import fresh_stream_state, make_stream
 
@@ -173,7 +174,8 @@ def _by_hand(layer, p, x, seg_p, stream_state):
     B = p.shape[0]
     sp, _ = make_stream(seg_p, fresh_stream_state(B), fresh=True)
     ins_p, _ = layer.project(p, sp)
-    reads_p, state_p = layer.scan(layer.initial_state(B), ins_p.q, ins_p.k, ins_p.v, ins_p.theta,
+    s0 = layer.init_state(B)
+    reads_p, state_p = layer.scan((s0.params, s0.momentum), ins_p.q, ins_p.k, ins_p.v, ins_p.theta,
                                   ins_p.eta, ins_p.alpha, ins_p.reset)
     sx, _ = make_stream(jnp.asarray(SEG), stream_state, fresh=True)
     ins, _ = layer.project(x, sx)

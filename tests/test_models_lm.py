@@ -89,3 +89,37 @@ def test_stateful_call_from_init_state_equals_the_training_call():
     assert second.shape == (2, 10, V)
     with pytest.raises(ValueError, match="batch size"):
         m(tok, seg, m.init_state(3))
+
+
+def test_the_initial_state_is_marked_fresh_and_continued_drops_the_mark():
+    """``init_state`` marks its state fresh (static, part of the pytree structure): the call
+    from it runs the single-sequence program; ``continued()`` gives the same arrays without the
+    mark, the structure every later state has, and the same results."""
+    make = lambda i, rngs: Attention(D, 2, init_std=0.3, window=4, n_persistent=2, rngs=rngs)
+    m = _lm(make, n_persistent=2)
+    tok = jax.random.randint(jax.random.key(2), (2, 10), 4, V)
+    seg = jnp.asarray([[1] * 6 + [2] * 4, [3] * 10], jnp.int32)
+    state = m.init_state(2)
+    assert state.fresh and not state.continued().fresh
+    logits, new_state = m(tok, seg, state)
+    logits_c, new_state_c = m(tok, seg, state.continued())
+    assert not new_state.fresh
+    assert jax.tree.structure(new_state) == jax.tree.structure(state.continued())
+    assert jax.tree.structure(state) != jax.tree.structure(state.continued())
+    np.testing.assert_allclose(logits_c, logits, rtol=1e-6, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(new_state_c)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_every_backbone_mixer_satisfies_the_mixer_protocol():
+    from _backbones import BACKBONES, build, small_model_cfg
+    from titans_lm.models.mixer import Mixer
+    for name in BACKBONES + ("transformer",):
+        model = build(small_model_cfg(name, "float32"))
+        kinds = {type(b.mixer).__name__ for b in model.blocks}
+        assert all(isinstance(b.mixer, Mixer) for b in model.blocks), (name, kinds)
+        state = model.init_state(2)
+        n_mem = len(model.memory_norms(state))
+        assert n_mem == (0 if name == "transformer" else 2), (name, n_mem)
+        same = model.reset_memory(state, jnp.array([True, False]))
+        assert jax.tree.structure(same) == jax.tree.structure(state)

@@ -110,3 +110,40 @@ def test_memory_output_projection_gets_the_residual_init():
     cfg = small_model_cfg("lmm", "float32", d_model=256, n_layers=4, memory__head_dim=64)
     w_out = np.asarray(build(cfg).blocks[0].mixer.memory.w_out[...])
     assert abs(w_out.std() - 0.02 / np.sqrt(8)) < 0.002  # scaled_out_std(0.02, 4 layers)
+
+
+def test_jvp_of_the_loss_through_the_model_matches_a_finite_difference():
+    """Forward-mode differentiation through the whole model (``forward_mode()`` on the CPU,
+    ``titans_lm.nn.project``): the directional derivative of the tiny LMM's loss w.r.t. its
+    parameters equals a central finite difference and ``jax.linearize`` (float64)."""
+    from titans_lm.nn.project import forward_mode
+    from titans_lm.train.state import model_fns
+    from titans_lm.train.step import loss_sums, split_batch
+    with jax.enable_x64(True):
+        fns = model_fns(small_model_cfg("lmm", "float64"))
+        params = nnx.to_pure_dict(nnx.state(build(small_model_cfg("lmm", "float64")), nnx.Param))
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(4, 64, (2, 33)).astype(np.int32)
+        batch = {"tokens": jnp.asarray(tokens), "segment_ids": jnp.ones((2, 33), jnp.int32)}
+        inputs, targets, seg, w = split_batch(batch)
+
+        def loss(p):
+            logits, _ = fns.apply(p, inputs, seg, fns.init_state(p, 2))
+            nll, n = loss_sums(logits, targets, w)
+            return nll / n
+        leaves, tree = jax.tree.flatten(params)
+        keys = jax.random.split(jax.random.key(3), len(leaves))
+        direction = [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+        norm = float(np.sqrt(sum(float(jnp.sum(d * d)) for d in direction)))
+        direction = jax.tree.unflatten(tree, [d / norm for d in direction])  # a unit direction
+        with forward_mode():
+            value, tangent = jax.jit(lambda p, d: jax.jvp(loss, (p,), (d,)))(params, direction)
+            _, lin = jax.linearize(loss, params)
+            lin_tangent = lin(direction)
+        h = 1e-4
+        shifted = lambda s: jax.tree.map(lambda p, d: p + s * d, params, direction)  # noqa: E731
+        fd = (float(loss(shifted(h))) - float(loss(shifted(-h)))) / (2 * h)
+        assert abs(float(tangent)) > 1e-6
+        np.testing.assert_allclose(float(tangent), fd, rtol=1e-6)
+        np.testing.assert_allclose(float(lin_tangent), float(tangent), rtol=1e-10)
+        np.testing.assert_allclose(float(value), float(loss(params)), rtol=1e-12)

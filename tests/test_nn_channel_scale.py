@@ -49,3 +49,17 @@ def test_mixed_dtypes_keep_each_input_dtype_in_its_gradient():
 def test_a_weight_that_is_not_the_trailing_shape_is_refused():
     with pytest.raises(ValueError, match="trailing shape"):
         channel_scale(jnp.ones((2, 3)), jnp.ones((2,)))
+
+
+def test_the_custom_gradient_is_cpu_only_and_forward_mode_selects_the_product():
+    from titans_lm.nn.cpu_gradients import forward_mode
+    x, w = jnp.arange(12.0).reshape(2, 2, 3), jnp.array([0.5, -1.0, 2.0])
+    dx, dw = jnp.ones_like(x), jnp.full_like(w, 0.25)
+    if jax.default_backend() == "cpu":
+        assert "custom_vjp" in str(jax.make_jaxpr(channel_scale)(x, w))
+        with pytest.raises(TypeError, match="custom_vjp"):
+            jax.jvp(channel_scale, (x, w), (dx, dw))
+    with forward_mode():
+        out, tangent = jax.jvp(lambda a, b: channel_scale(a, b), (x, w), (dx, dw))
+    np.testing.assert_array_equal(out, x * w)
+    np.testing.assert_allclose(tangent, dx * w + x * dw, rtol=1e-6)

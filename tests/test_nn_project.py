@@ -61,3 +61,26 @@ def test_mixed_dtypes_promote_and_cotangents_keep_their_dtypes():
 def test_mismatched_shapes_name_both(xs, ws, n_in):
     with pytest.raises(ValueError, match="project: the last"):
         project(jnp.ones(xs), jnp.ones(ws), n_in)
+
+
+def test_the_custom_gradient_is_cpu_only_and_forward_mode_selects_the_einsum(x64):
+    """On the CPU backend ``project`` traces its custom VJP (no forward mode); inside
+    ``forward_mode()`` it is the plain matmul, so ``jax.jvp`` works and equals the einsum's."""
+    from titans_lm.nn.project import forward_mode, uses_custom_gradient
+    x = jax.random.normal(jax.random.key(1), (2, 5, 6), jnp.float64)
+    w = jax.random.normal(jax.random.key(2), (6, 3, 4), jnp.float64)
+    dx, dw = jnp.ones_like(x), jnp.full_like(w, 0.5)
+    assert uses_custom_gradient() == (jax.default_backend() == "cpu")
+    if jax.default_backend() == "cpu":
+        assert "custom_vjp" in str(jax.make_jaxpr(project)(x, w))
+        with pytest.raises(TypeError, match="custom_vjp"):
+            jax.jvp(project, (x, w), (dx, dw))
+    with forward_mode():
+        assert not uses_custom_gradient()
+        # a fresh function: jax caches traces by function, not by this setting
+        assert "custom_vjp" not in str(jax.make_jaxpr(lambda a, b: project(a, b))(x, w))
+        out, tangent = jax.jvp(lambda a, b: project(a, b), (x, w), (dx, dw))
+    assert uses_custom_gradient() == (jax.default_backend() == "cpu")  # restored
+    ref, ref_t = jax.jvp(lambda a, b: jnp.einsum("btd,dhk->bthk", a, b), (x, w), (dx, dw))
+    np.testing.assert_allclose(out, ref, rtol=1e-13)
+    np.testing.assert_allclose(tangent, ref_t, rtol=1e-13)

@@ -56,7 +56,9 @@ def model(name: str):
 
 _CALL = nnx.jit(lambda m, t, s, st: m(t, s, st))
 _TRAIN = nnx.jit(lambda m, t, s: m(t, s))
-_INIT = nnx.jit(lambda m, b: m.init_state(b), static_argnums=1)
+# without the fresh mark: every call below, the first included, runs the carried-state program
+# (the fresh first call is the training call itself, ``test_models_lm``)
+_INIT = nnx.jit(lambda m, b: m.init_state(b).continued(), static_argnums=1)
 
 
 def stream_batch(seed: int = 0):

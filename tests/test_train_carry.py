@@ -80,14 +80,15 @@ def test_two_carried_windows_equal_one_forward_over_both(models, name):
     with jax.enable_x64(True):
         batch = _stream()
         inputs, targets, seg_in, w = split_batch(batch)
-        whole_nll, whole_n = loss_sums(fns.apply(params, inputs, seg_in), targets, w)
-        state = fns.init_model_state(params, 2)
+        whole_nll, whole_n = loss_sums(
+            fns.apply(params, inputs, seg_in, fns.init_state(params, 2))[0], targets, w)
+        state = fns.init_state(params, 2)
         nll1, (n1, state) = _CARRIED(params, state, _window(batch, 0), fns, F64)
         nll2, (n2, state) = _CARRIED(params, state, _window(batch, 1), fns, F64)
         assert float(n1 + n2) == float(whole_n) > 0
         np.testing.assert_allclose(float(nll1 + nll2), float(whole_nll), rtol=0, atol=1e-10)
         # and the carried state matters: window 2 from a fresh state scores differently
-        fresh = fns.init_model_state(params, 2)
+        fresh = fns.init_state(params, 2)
         nll2_fresh, _ = _CARRIED(params, fresh, _window(batch, 1), fns, F64)
         assert abs(float(nll2_fresh) - float(nll2)) > 1e-6
 
@@ -102,7 +103,7 @@ def test_a_new_document_starts_from_the_current_parameters(models, name):
         params_b = jax.tree.map(lambda x: x * 1.05 + 0.01, params_a)
         batch = _stream(1)
         w1 = _window(batch, 0)
-        _, (_, carried) = _CARRIED(params_a, fns.init_model_state(params_a, 2), w1, fns, F64)
+        _, (_, carried) = _CARRIED(params_a, fns.init_state(params_a, 2), w1, fns, F64)
         nxt = {k: v.copy() for k, v in _window(batch, 1).items()}
         nxt["segment_ids"][0] = 3  # row 0: a new document from token 0
         nxt["tokens"][0, 0] = 2
@@ -114,7 +115,7 @@ def test_a_new_document_starts_from_the_current_parameters(models, name):
             return _CARRIED(p, carried, only_new, fns, F64)[0]
 
         def alone(p):  # the same window from the initial state of parameters p
-            return _CARRIED(p, fns.init_model_state(p, 2), only_new, fns, F64)[0]
+            return _CARRIED(p, fns.init_state(p, 2), only_new, fns, F64)[0]
 
         va, ga = jax.value_and_grad(from_carried)(params_b)
         vb, gb = jax.value_and_grad(alone)(params_b)
@@ -126,7 +127,7 @@ def test_the_carried_state_is_sharded_like_the_batch(models):
     fns, params = models["lmm"]
     with jax.enable_x64(True):
         def abstract(b):
-            return jax.eval_shape(lambda p: fns.init_model_state(p, b), params)
+            return jax.eval_shape(lambda p: fns.init_state(p, b), params)
         rows = batch_leaves(abstract, 4)
         mesh = shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
         sh = model_state_shardings(abstract, 4, mesh)
@@ -201,7 +202,7 @@ def test_carry_state_run_resumed_mid_document_is_exact(tmp_path):
     assert it_a == it_b and it_a["kind"] == "stream"
     # the rows are mid-document and the memory has moved away from its initial state
     assert int(a.model_state.stream.position) == 4 * cfg.data.seq_len
-    fresh = jax.jit(lambda p: fns.init_model_state(p, cfg.train.batch_size))(a.params)
+    fresh = jax.jit(lambda p: fns.init_state(p, cfg.train.batch_size))(a.params)
     assert tree_max_abs_diff(a.model_state.layers, fresh.layers) > 1e-3
     row_leaf = a.model_state.stream.last_segment_id
     assert row_leaf.sharding.spec == jax.sharding.PartitionSpec(shd.BATCH_AXES)

@@ -22,7 +22,11 @@ def test_model_fns_describe_and_apply_the_model(tmp_path):
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     b = random_batch(2, 64)
     x, s = jnp.asarray(b["tokens"][:, :-1]), jnp.asarray(b["segment_ids"][:, :-1])
-    np.testing.assert_array_equal(np.asarray(fns.apply(params, x, s)), np.asarray(model(x, s)))
+    logits, state = fns.apply(params, x, s, fns.init_state(params, 2))
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(model(x, s)))
+    ref_logits, ref_state = model(x, s, model.init_state(2))
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(ref_logits))
+    assert jax.tree.structure(state) == jax.tree.structure(ref_state) and not state.fresh
     assert fns.logical_axes["embed"]["embedding"] == jax.sharding.PartitionSpec("vocab", "embed")
 
 

@@ -25,8 +25,8 @@ def setup(tmp_path_factory):
 def _reference_nll(fns, params, batch):
     """float64 numpy: summed nll over the contract's weights, and the weight count."""
     tokens, segs = batch["tokens"], batch["segment_ids"]
-    logits = np.asarray(fns.apply(params, jnp.asarray(tokens[:, :-1]), jnp.asarray(segs[:, :-1])),
-                        np.float64)
+    logits = np.asarray(fns.apply(params, jnp.asarray(tokens[:, :-1]), jnp.asarray(segs[:, :-1]),
+                                  fns.init_state(params, tokens.shape[0]))[0], np.float64)
     logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
         - logits.max(-1, keepdims=True)
     tgt = tokens[:, 1:]
@@ -127,3 +127,27 @@ def test_the_train_step_keeps_block_remat(setup):
         compiled = step.lower(abstract_state(fns, tx, mesh), spec).compile()
         temps[remat] = compiled.memory_analysis().temp_size_in_bytes
     assert temps["block"] < 0.7 * temps["none"], temps
+
+
+@pytest.mark.parametrize("name,remat", [("lmm", "block"), ("mac", "none")])
+def test_memory_norms_are_reported_under_remat_and_for_mac(setup, name, remat):
+    """``memory_norm_i``, one per memory layer, come from the state the model's call returns, so
+    a remat'ed block and MAC's segment scan report them too (trace-time records were dropped
+    there); they equal the norms of the state ``fns.apply`` returns from the same parameters."""
+    from _backbones import small_model_cfg
+    _, mesh, _, tx, sched = setup
+    m = small_model_cfg(name, "float32", remat=remat)
+    fns = model_fns(m)
+    state = init_state(m, fns, tx, mesh, seed=0)
+    params0 = jax.tree.map(jnp.copy, state.params)  # the step donates the state
+    batch = random_batch(2, 64, vocab=64)
+    step = jit_train_step(fns, tx, sched, state_shardings(fns, tx, mesh), mesh, remat=remat)
+    _, metrics = step(state, shd.put_batch(batch, mesh))
+    norms = {k: float(v) for k, v in metrics.items() if k.startswith("memory_norm")}
+    assert sorted(norms) == ["memory_norm_0", "memory_norm_1"], sorted(metrics)
+    x, s = jnp.asarray(batch["tokens"][:, :-1]), jnp.asarray(batch["segment_ids"][:, :-1])
+    _, st = fns.apply(params0, x, s, fns.init_state(params0, 2))
+    want = fns.memory_norms(params0, st)
+    for i, w in enumerate(want):
+        assert 0.1 < norms[f"memory_norm_{i}"] < 10 and norms[f"memory_norm_{i}"] != 1.0
+        np.testing.assert_allclose(norms[f"memory_norm_{i}"], float(w), rtol=1e-4)

@@ -49,7 +49,7 @@ def test_a_longer_context_starts_from_the_source_parameters(source, tmp_path):
     # first batch (its own data, at its own length).
     batch = next(data_tasks.TaskData.from_config(cfg).train_iterator(
         seq_len=128, batch_size=4, seed=cfg.data.shuffle_seed))
-    nll, n = _nll_sum(params, jax.tree.map(jnp.asarray, batch), fns, jnp.float32)
+    nll, (n, _) = _nll_sum(params, jax.tree.map(jnp.asarray, batch), fns, jnp.float32)
     np.testing.assert_allclose(warm.losses[1], float(nll / n), rtol=1e-5)
     cold = train(_cfg(seq_len=128), tmp_path / "cold", **QUIET)
     assert abs(cold.losses[1] - warm.losses[1]) > 1e-3  # the seed's parameters differ

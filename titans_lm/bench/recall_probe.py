@@ -107,14 +107,16 @@ def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_di
     states = [("trained", run.params, run.step)]
     if init:
         states.append(("init", init_params(cfg.model, int(cfg.train.seed)), 0))
-    apply = jax.jit(lambda p, x: run.fns.apply(p, x, jnp.ones_like(x)))  # compiled once
+    def logits(p, x):  # the stateless call: from the initial state, the state dropped
+        return run.fns.apply(p, x, jnp.ones_like(x), run.fns.init_state(p, x.shape[0]))[0]
+    apply = jax.jit(logits)  # compiled once
     chunk = int(cfg.model.memory.chunk_size) if "memory" in cfg.model else 0
     out = []
     for name, params, step in states:
         r = pair_sensitivity(lambda x, p=params: apply(p, x), tokens, mask, pairs,
                              int(cfg.data.vocab_size),
                              min_distance=min_distance, batch_size=32)
-        cos = (write_key_cosine(lambda p, x: run.fns.apply(p, x, jnp.ones_like(x)), params,
+        cos = (write_key_cosine(logits, params,
                                 jnp.asarray(tokens[:, :-1]), chunk) if chunk >= 2 else None)
         out.append({"run": str(workdir), "model": cfg.model.name, "state": name, "step": step,
                     "length": length, "pairs": pairs, "min_distance": min_distance, **r,

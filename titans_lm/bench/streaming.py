@@ -104,11 +104,11 @@ def _header(args, cfg, name, n_params):
 def child_stream(args, name: str, n_tokens: int, token_file: str) -> dict:
     import jax  # deliberate: the parent only starts child processes
     import numpy as np  # deliberate: the parent only starts child processes
-    from titans_lm.eval.streaming import StatefulLM, make_carry_step, stream_batches  # deliberate: the parent only starts child processes
+    from titans_lm.eval.streaming import make_carry_step, stream_batches  # deliberate: the parent only starts child processes
     cfg = _config(args, name)
     fns, params, n_params = _build(cfg)
     doc = np.load(token_file)[:n_tokens + 1]  # BOS + n_tokens scored tokens
-    init_fn, step_fn = make_carry_step(StatefulLM(fns))
+    init_fn, step_fn = make_carry_step(fns)
     batches = stream_batches([doc], seq_len=args.seq_len, n_rows=1)
     rss_setup = _rss_mb()
     t0 = time.perf_counter()
@@ -137,18 +137,17 @@ def child_decode(args, name: str, context: int, token_file: str) -> dict:
     import jax  # deliberate: the parent only starts child processes
     import jax.numpy as jnp  # deliberate: the parent only starts child processes
     import numpy as np  # deliberate: the parent only starts child processes
-    from titans_lm.eval.streaming import StatefulLM  # deliberate: the parent only starts child processes
+    from titans_lm.eval.streaming import stream_init_fn  # deliberate: the parent only starts child processes
     from titans_lm.generate.decode import make_decode_fns  # deliberate: the parent only starts child processes
     from titans_lm.generate.sampling import SamplingConfig  # deliberate: the parent only starts child processes
     cfg = _config(args, name)
     if name == "transformer":
         cfg.model.max_context = context + args.decode_tokens
     fns, params, n_params = _build(cfg)
-    lm = StatefulLM(fns)
     doc = np.load(token_file)[:context]
     W = min(args.prefill_window, context)
-    apply = jax.jit(lm.apply, donate_argnums=3)
-    state = jax.jit(lm.init_state, static_argnums=1)(params, 1)
+    apply = jax.jit(fns.apply, donate_argnums=3)
+    state = stream_init_fn(fns)(params, 1)
     t0 = time.perf_counter()
     pos = 0
     while pos < context:  # the context in windows of W (a last shorter window compiles once more)
@@ -157,7 +156,7 @@ def child_decode(args, name: str, context: int, token_file: str) -> dict:
         pos += w.shape[1]
     jax.block_until_ready(state)
     prefill_s = time.perf_counter() - t0
-    _, decode = make_decode_fns(lm.init_state, lm.apply, SamplingConfig(temperature=0.0))
+    _, decode = make_decode_fns(fns, SamplingConfig(temperature=0.0))
     decode = jax.jit(decode, donate_argnums=1)
     prompt, lengths = jnp.asarray(doc[None]), jnp.asarray([context], jnp.int32)
     keys = jax.random.split(jax.random.key(0), 1)

@@ -165,7 +165,8 @@ def probe(layer: NeuralMemory, x_BTD: jax.Array, setting: Setting, positions=POS
 
     engine = _engine(layer)
     read = jax.vmap(jax.vmap(functools.partial(memory_read, model=layer.model)))
-    state = layer.initial_state(B)
+    start = layer.init_state(B)
+    state = (start.params, start.momentum)
     w0 = state[0]
     norm0 = _norm(w0)
     log_c = jnp.cumsum(inp.log_keep, axis=-1)      # [B, H, T]: log prod_{s <= i} (1 - alpha_s)

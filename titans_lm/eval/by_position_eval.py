@@ -1,4 +1,4 @@
-"""Loss by position over whole documents, and the memory ablation probe.
+"""Loss by position over whole documents (and the carry run of the memory ablation probe).
 
 ``titans-lm eval --by_position`` (:func:`evaluate_by_position`): every document of the held-out
 split is scored token by token and each loss is kept with the within-document position of its
@@ -19,31 +19,13 @@ Files: ``<workdir>/by_position_<dataset>_<mode>.json`` (one per mode) and
 ``<workdir>/by_position_<dataset>.png`` (one curve per mode); ``titans-lm plot --by_position``
 draws several runs on one figure.
 
-Memory ablation (``titans-lm eval --ablate_at=P``, :func:`ablate_memory`): the carry run again,
-but at the first window boundary at or after ``P`` inside each document (``P`` rounded up to a
-multiple of the window ``T``: ``P' = ceil(P / T) * T``), every neural memory of the model is
-reset in that document's row. LMM, TTT and the memories of MAG and MAL
-(``titans_lm.memory.layer.MemoryState``) go to the state a document start restores: weights to
-``reset_to`` (W0, or the state the persistent tokens leave), momentum to zero, and the tokens
-buffered for the current chunk are dropped (marked padding, so they are never written). MAC's
-memory (``titans_lm.models.mac.MACState.memory``, the state at the current segment's start) goes
-to the layer's W0 from the current parameters with zero momentum; its segment buffer is kept, so
-the current segment's tokens before ``P'`` (fewer than ``segment_len``; none when
-``segment_len`` divides ``T``) are retrieved from W0 and written into the reset memory again when
-the next window runs (their outputs were scored before the reset and are not used): the reset
-removes what the segments completed before the one holding ``P'`` wrote (nothing where ``P'``
-falls inside a document's first segment). Nothing else changes: attention caches, segment buffers, the memories'
-convolution tails and the stream positions stay, and no document boundary is signalled.
-Positions ``< P'`` are therefore scored exactly as in the unablated run, and the mean loss over
-positions ``>= P'`` against the unablated run's is the loss the memory's content saves
-(``<workdir>/ablation_<dataset>_at<P'>.json``, with the count of non-finite losses of each run).
-A model without a neural memory (Transformer++) is refused.
+The memory ablation probe (``titans-lm eval --ablate_at=P``) runs here too: the carry run again,
+with the memories reset at a window boundary (``titans_lm.eval.ablation``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -58,14 +40,15 @@ from tqdm import tqdm
 from titans_lm.config.overrides import result_suffix
 from titans_lm.data.prepare import prepare, tokenize_documents
 from titans_lm.data.windows import document_windows, num_windows
+from titans_lm.eval.ablation import (ablate_memory, ablation_summary, ablation_window,
+                                     check_has_memory, format_ablation)
 from titans_lm.eval.by_position import loss_by_position, plot_by_position, write_by_position
 from titans_lm.eval.evaluate import _datasets, context_modes
 from titans_lm.eval.restore import load_run
-from titans_lm.eval.streaming import StatefulLM, assign_rows, stream_batches, stream_rows
-from titans_lm.memory.layer import MemoryState
-from titans_lm.models.mac import MACState
+from titans_lm.eval.streaming import assign_rows, stream_batches, stream_init_fn, stream_rows
 from titans_lm.train import sharding as shd
 from titans_lm.train.run_files import check_run_data
+from titans_lm.train.state import ModelFns
 
 Log = Callable[[str], None]
 
@@ -86,105 +69,20 @@ def token_losses(logits_BTV: jax.Array, batch: dict) -> tuple[jax.Array, jax.Arr
     return jnp.where(weight_BT, nll_BT, 0.0), weight_BT
 
 
-def _memory_types() -> tuple[type, ...]:
-    return MemoryState, MACState
-
-
-def _is_memory_node(x) -> bool:
-    return isinstance(x, _memory_types())
-
-
-def ablate_memory(state: Any, rows_B: jax.Array, initial: Any = None) -> Any:
-    """Reset every neural memory in a model state, in the rows ``rows_B`` (bool [B]).
-
-    The memories are found by type anywhere in ``state`` (any pytree, e.g.
-    ``titans_lm.models.lm.LMState``):
-
-    * :class:`~titans_lm.memory.layer.MemoryState` (LMM, TTT-Linear/MLP, the memories of MAG and
-      MAL): ``params = reset_to`` (W0, or the state the persistent tokens leave: what a document
-      start restores), ``momentum = 0``, and the tokens buffered for the current chunk are marked
-      padding (``buf_real = False``: never written). The conv tail is kept.
-    * :class:`~titans_lm.models.mac.MACState` (MAC): ``memory``, the (params, momentum) at the
-      current segment's start, becomes ``initial``'s (the layer's W0 from the current parameters,
-      zero momentum). The segment buffer (the current segment's tokens so far, which the next call
-      runs again from that memory) and the conv tails are kept, so those tokens retrieve from W0
-      and are written into the reset memory again (their outputs are not used): what is removed
-      is what the segments completed before the current one wrote.
-
-    Every other leaf (attention caches, stream positions, segment buffers) is returned as is.
-    Pure and jit-compatible.
-
-    Args:
-      state: the carried model state (pytree), arrays with leading batch axis B.
-      rows_B: bool [B], the rows to reset.
-      initial: the state a stream starts from, with the same structure as ``state``
-        (``StatefulLM.init_state(params, B)``); read only where a memory state does not carry
-        its reset state (MAC). None is enough for a state without MAC layers.
-
-    Raises:
-      ValueError: the state holds no neural memory, or holds a MAC memory and ``initial`` is None.
-    """
-    rows_B = jnp.asarray(rows_B, bool)
-    found = []
-
-    def sel(new, old):
-        return jnp.where(rows_B.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
-
-    def fix(node, init=None):
-        if isinstance(node, MACState):
-            if init is None:
-                raise ValueError("ablate_memory: a MAC memory state does not hold the state a "
-                                 "document start restores; pass initial (the model's "
-                                 "init_state for this batch)")
-            found.append(1)
-            (params, momentum), (params0, _) = node.memory, init.memory
-            return node._replace(memory=(
-                tuple(jax.tree.map(sel, params0, params)),
-                tuple(jax.tree.map(lambda m: sel(jnp.zeros_like(m), m), momentum))))
-        if not isinstance(node, MemoryState):
-            return node
-        found.append(1)
-        return node._replace(
-            params=jax.tree.map(sel, node.reset_to, node.params),
-            momentum=jax.tree.map(lambda m: sel(jnp.zeros_like(m), m), node.momentum),
-            buf_real=sel(jnp.zeros_like(node.buf_real), node.buf_real))
-
-    if initial is None:
-        out = jax.tree.map(fix, state, is_leaf=_is_memory_node)
-    else:
-        out = jax.tree.map(fix, state, initial, is_leaf=_is_memory_node)
-    if not found:
-        raise ValueError("--ablate_at needs a model with a neural memory (LMM, TTT, MAG, MAL, "
-                         "MAC); this model's state holds none")
-    return out
-
-
-def ablation_window(ablate_at: int, seq_len: int) -> int:
-    """The window index ``ceil(P / T)`` at whose start the memory is reset (``P >= 1``).
-
-    Raises:
-      ValueError: ``ablate_at < 1``.
-    """
-    if int(ablate_at) < 1:
-        raise ValueError(f"--ablate_at must be a position >= 1, got {ablate_at}")
-    return -(-int(ablate_at) // int(seq_len))
-
-
-def make_position_step(lm: StatefulLM) -> tuple[Callable, Callable]:
+def make_position_step(fns: ModelFns) -> tuple[Callable, Callable]:
     """``(init_fn, step_fn)``, jitted: ``step_fn(params, state, batch) -> (nll_BT, weight_BT,
     state)`` runs one window batch of :func:`stream_position_batches` from ``state``, first
     resetting the memories of the rows whose ``batch["ablate"]`` (bool [B]) is set
-    (:func:`ablate_memory`, against ``lm.init_state(params, B)``, the initial state from the
-    current parameters; with no row set the state is unchanged)."""
+    (:func:`titans_lm.eval.ablation.ablate_memory`, from the current parameters; with no row set
+    the state is unchanged). ``init_fn``: :func:`titans_lm.eval.streaming.stream_init_fn`."""
     def step(params, state, batch):
-        if "ablate" in batch:  # XLA drops the initial state where no MAC memory reads it
-            initial = lm.init_state(params, batch["tokens"].shape[0])
-            state = ablate_memory(state, batch["ablate"], initial)
-        logits, state = lm.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1],
-                                 state)
+        if "ablate" in batch:
+            state = ablate_memory(fns, params, state, batch["ablate"])
+        logits, state = fns.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1],
+                                  state)
         nll, w = token_losses(logits, batch)
         return nll, w, state
-    return jax.jit(lm.init_state, static_argnums=1), jax.jit(step, donate_argnums=1)
+    return stream_init_fn(fns), jax.jit(step, donate_argnums=1)
 
 
 def stream_position_batches(docs_tokens: Sequence[np.ndarray], *, seq_len: int, n_rows: int
@@ -251,8 +149,9 @@ def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
 def make_reset_losses_fn(fns) -> Callable:
     """Jitted ``(params, batch) -> (nll_BT, weight_BT)`` from the initial state."""
     def f(params, batch):
-        return token_losses(fns.apply(params, batch["tokens"][:, :-1],
-                                      batch["segment_ids"][:, :-1]), batch)
+        tokens, seg = batch["tokens"][:, :-1], batch["segment_ids"][:, :-1]
+        logits, _ = fns.apply(params, tokens, seg, fns.init_state(params, tokens.shape[0]))
+        return token_losses(logits, batch)
     return jax.jit(f)
 
 
@@ -282,48 +181,6 @@ def reset_losses(loss_fn: Callable, params: Any, docs_tokens: Sequence[np.ndarra
         losses.append(np.asarray(nll, np.float64)[w])
         positions.append(pos[w])
     return np.concatenate(losses or [np.zeros(0)]), np.concatenate(positions or [np.zeros(0, int)])
-
-
-def ablation_summary(base: tuple[np.ndarray, np.ndarray], ablated: tuple[np.ndarray, np.ndarray],
-                     ablate_at: int, seq_len: int) -> dict[str, Any]:
-    """Mean losses before and after the ablation point of the unablated and ablated carry runs.
-
-    Returns a dict: ``ablate_at`` (as asked), ``ablate_position`` (``P'``, where the reset
-    happens), token counts and mean losses (nats) before / after ``P'`` of both runs,
-    ``loss_increase`` (ablated - unablated mean after ``P'``), ``loss_increase_first_window``
-    (the same over ``[P', P' + T)``, the window right after the reset) and
-    ``max_abs_diff_before`` (0 when the positions before ``P'`` are untouched, as they must be;
-    NaN where a loss before ``P'`` is not finite), ``n_nonfinite`` / ``n_nonfinite_ablated``
-    (losses that are NaN or inf in each run: a memory whose inner loop diverged, whose means are
-    then not finite either).
-
-    Raises:
-      ValueError: the two runs scored different tokens, or ``ablate_at < 1``.
-    """
-    p = ablation_window(ablate_at, seq_len) * int(seq_len)
-    (lb, pb), (la, pa) = base, ablated
-    if not np.array_equal(pb, pa):
-        raise ValueError("the ablated run scored other tokens than the unablated one")
-    after = pb >= p
-
-    def mean(x):
-        return float(x.mean()) if x.size else None
-
-    out = {"ablate_at": int(ablate_at), "ablate_position": p, "seq_len": int(seq_len),
-           "n_tokens_before": int((~after).sum()), "n_tokens_after": int(after.sum()),
-           "loss_before": mean(lb[~after]), "loss_before_ablated": mean(la[~after]),
-           "loss_after": mean(lb[after]), "loss_after_ablated": mean(la[after]),
-           "max_abs_diff_before": float(np.max(np.abs(lb[~after] - la[~after])))
-           if (~after).any() else 0.0}
-    out["n_nonfinite"] = int((~np.isfinite(lb)).sum())
-    out["n_nonfinite_ablated"] = int((~np.isfinite(la)).sum())
-    out["loss_increase"] = (out["loss_after_ablated"] - out["loss_after"]
-                            if after.any() else None)
-    first = after & (pb < p + int(seq_len))  # the window right after the reset
-    out["n_tokens_first_window"] = int(first.sum())
-    out["loss_increase_first_window"] = (float(la[first].mean() - lb[first].mean())
-                                         if first.any() else None)
-    return out
 
 
 def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | None = None, *,
@@ -367,14 +224,12 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     if max_tokens:
         toks = [t[:int(max_tokens) + 1] for t in toks]
     seq_len, bsz = int(cfg.data.seq_len), int(cfg.eval.batch_size)
-    lm = StatefulLM(run.fns)
     if ablate_at is not None:  # refuse a model without a memory before any scoring
-        jax.eval_shape(lambda s: ablate_memory(s, jnp.zeros(1, bool), s),
-                       jax.eval_shape(lambda p: lm.init_state(p, 1), run.params))
+        check_has_memory(run.fns, run.params)
     if progress:
         print(f"by position: {name}, {len(toks)} document(s), {sum(len(t) - 1 for t in toks):,} "
               f"tokens in windows of {seq_len}", file=sys.stderr, flush=True)
-    carry_fns = make_position_step(lm) if ("carry" in modes or ablate_at is not None) else None
+    carry_fns = make_position_step(run.fns) if ("carry" in modes or ablate_at is not None) else None
     kw = dict(seq_len=seq_len, batch_size=bsz, mesh=mesh, progress=progress)
     base_kw = dict(kw, baseline_of_ablation=ablate_at is not None)
     runs, results, files, seconds = {}, {}, [], {}
@@ -443,21 +298,6 @@ def format_by_position(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def format_ablation(s: dict[str, Any]) -> str:
-    def f(x):
-        return "-" if x is None or not math.isfinite(x) else f"{x:.4f}"
-    return (f"memory ablation at position {s['ablate_position']} (asked {s['ablate_at']}): "
-            f"loss after {f(s['loss_after'])} -> {f(s['loss_after_ablated'])} nats "
-            f"(increase {f(s['loss_increase'])}) over {s['n_tokens_after']:,} tokens, "
-            f"{f(s.get('loss_increase_first_window'))} in the window after it; before: "
-            f"{f(s['loss_before'])} vs {f(s['loss_before_ablated'])} "
-            f"(max difference {s['max_abs_diff_before']:.2e})"
-            + (f"; non-finite losses: {s['n_nonfinite']:,} unablated, "
-               f"{s['n_nonfinite_ablated']:,} ablated (the memory diverged?)"
-               if s.get("n_nonfinite") or s.get("n_nonfinite_ablated") else ""))
-
-
-__all__ = ["ablate_memory", "ablation_summary", "ablation_window", "carry_losses",
-           "evaluate_by_position", "format_ablation", "format_by_position",
+__all__ = ["carry_losses", "evaluate_by_position", "format_by_position",
            "make_position_step", "make_reset_losses_fn", "reset_losses",
            "stream_position_batches", "token_losses"]

@@ -57,7 +57,7 @@ from titans_lm.data.user_corpus import corpus_label, load_split
 from titans_lm.data.windows import eval_batches
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_totals
 from titans_lm.eval.restore import load_run
-from titans_lm.eval.streaming import (CONTEXT_MODES, StatefulLM, carry_note, make_carry_step,
+from titans_lm.eval.streaming import (CONTEXT_MODES, carry_note, make_carry_step,
                                       score_documents_carry)
 from titans_lm.eval.tasks import evaluate_task, is_task_run
 from titans_lm.train import sharding as shd
@@ -92,7 +92,8 @@ def make_score_fn(fns: ModelFns, params_sh: Any, mesh) -> Callable:
     """Jitted ``(params, batch) -> (nll_sum, n_tokens)`` via :func:`score_batch` (traced under
     ``mesh``, so the memory layers' Pallas kernels run per shard: ``shd.traced_under``)."""
     def score(params, batch):
-        logits = fns.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1])
+        tokens, seg = batch["tokens"][:, :-1], batch["segment_ids"][:, :-1]
+        logits, _ = fns.apply(params, tokens, seg, fns.init_state(params, tokens.shape[0]))
         return score_batch(logits, batch)
     rep = shd.replicated(mesh)
     return jax.jit(shd.traced_under(mesh, score),
@@ -199,7 +200,7 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
 
     n_params = count_params(fns)
     score_fn = make_score_fn(fns, params_sh, mesh) if "reset" in modes else None
-    carry_fns = make_carry_step(StatefulLM(fns)) if "carry" in modes else None
+    carry_fns = make_carry_step(fns) if "carry" in modes else None
     log_probs = unigram_log_probs(prepared.stores["train"].tokens, cfg.model.vocab_size)
     seq_len = int(cfg.data.seq_len)
     max_docs = int(cfg.eval.get("max_docs", 0) or 0)

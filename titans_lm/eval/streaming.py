@@ -27,7 +27,6 @@ the memory.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -40,49 +39,37 @@ from tqdm import tqdm
 from titans_lm.config import PAD_ID
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
 from titans_lm.data.windows import document_windows, num_windows
+from titans_lm.models.lm import continued
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import ModelFns
 
 CONTEXT_MODES = ("reset", "carry")
 
 
-@dataclasses.dataclass(frozen=True)
-class StatefulLM:
-    """The stateful calls of a model given by its :class:`~titans_lm.train.state.ModelFns`.
-
-    ``init_state(params, batch_size) -> state`` and
-    ``apply(params, tokens_BT, segment_ids_BT, state) -> (logits_BTV, state)`` (float32 logits,
-    float64 for a float64 model) rebuild the
-    module from ``params`` (a pure dict) and call ``model.init_state`` / ``model(tokens, seg,
-    state)`` (``titans_lm.models.lm.LanguageModel``) through :meth:`ModelFns.init_model_state`
-    and :meth:`ModelFns.apply` (the calls the carried train step uses); both are pure and
-    jit-compatible.
-    """
-
-    fns: ModelFns
-
-    def init_state(self, params: Any, batch_size: int) -> Any:
-        return self.fns.init_model_state(params, batch_size)
-
-    def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array,
-              state: Any) -> tuple[jax.Array, Any]:
-        return self.fns.apply(params, tokens_BT, segment_ids_BT, state)
+def stream_init_fn(fns: ModelFns) -> Callable:
+    """Jitted ``(params, batch_size) -> state`` (``batch_size`` static): ``fns.init_state``
+    without the fresh mark, so that a stream's first window and the later ones run one compiled
+    program (``titans_lm.models.lm.LMState.continued``)."""
+    return jax.jit(lambda params, batch_size: continued(fns.init_state(params, batch_size)),
+                   static_argnums=1)
 
 
-def make_carry_step(lm: StatefulLM) -> tuple[Callable, Callable]:
-    """``(init_fn, step_fn)``, both jitted.
+def make_carry_step(fns: ModelFns) -> tuple[Callable, Callable]:
+    """``(init_fn, step_fn)``, both jitted, from the model's stateful API
+    (``fns.init_state``, ``fns.apply``; :class:`titans_lm.train.state.ModelFns`).
 
-    ``init_fn(params, batch_size)`` gives the initial state (``batch_size`` static);
-    ``step_fn(params, state, batch) -> (nll_sum, n_tokens, state)`` runs one window batch
-    (``{"tokens", "segment_ids"}: int32 [B, T+1]``; inputs ``[:, :-1]``) from ``state`` and scores it
-    with :func:`score_batch`. The incoming state is donated (updated in place).
+    ``init_fn(params, batch_size)`` gives the initial state (``batch_size`` static,
+    :func:`stream_init_fn`); ``step_fn(params, state, batch) -> (nll_sum, n_tokens, state)`` runs
+    one window batch (``{"tokens", "segment_ids"}: int32 [B, T+1]``; inputs ``[:, :-1]``) from
+    ``state`` and scores it with :func:`score_batch`. The incoming state is donated (updated in
+    place).
     """
     def step(params, state, batch):
-        logits, state = lm.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1], state)
+        logits, state = fns.apply(params, batch["tokens"][:, :-1], batch["segment_ids"][:, :-1],
+                                  state)
         nll, n = score_batch(logits, batch)
         return nll, n, state
-    return (jax.jit(lm.init_state, static_argnums=1),
-            jax.jit(step, donate_argnums=1))
+    return stream_init_fn(fns), jax.jit(step, donate_argnums=1)
 
 
 def assign_rows(window_counts: Sequence[int], n_rows: int) -> tuple[list[list[int]], int]:
@@ -198,5 +185,5 @@ def carry_note(model_cfg, seq_len: int) -> str:
     return "carry: the memory state (and any attention cache) is carried across the windows"
 
 
-__all__ = ["CONTEXT_MODES", "StatefulLM", "assign_rows", "carry_note", "make_carry_step",
+__all__ = ["CONTEXT_MODES", "assign_rows", "carry_note", "make_carry_step", "stream_init_fn",
            "score_documents_carry", "stream_batches", "stream_rows"]

@@ -17,13 +17,14 @@ How a row longer than one model call is run (``context``):
 - ``"whole"``: one parallel call over the whole row (the stateless training path at a longer
   length; attention's cost grows with the square of it).
 - ``"carry"``: consecutive windows of ``T`` with the model state carried (the stateful API:
-  ``model.init_state(B)``, ``model(tokens_BT, segment_ids_BT, state) -> (logits, state)``), one
+  ``init_state(params, B)``, ``apply(params, tokens_BT, segment_ids_BT, state) -> (logits,
+  state)``), one
   pass in constant memory, equal to ``"whole"`` for every backbone whose stateful call matches its
   parallel form.
 
 The drivers take a window-level function, so they are independent of the backbone:
 :func:`reset_predictions` / :func:`whole_predictions` take ``predict(inputs_BT, segment_ids_BT)
--> int[B, T]``, :func:`carry_predictions` takes a stateful model.
+-> int[B, T]``, :func:`carry_predictions` takes the stateful API and the parameters.
 
 Outputs of :func:`evaluate_task`: ``<workdir>/task_<context>.json`` (one record per setting),
 ``task_<context>.md`` (the table) and ``task_<context>.png`` (the heat map).
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,10 +43,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from titans_lm.data.tasks import eval_settings, task_rows, task_spec
 from titans_lm.eval.restore import load_run
+from titans_lm.eval.streaming import stream_init_fn
 from titans_lm.train.checkpoint import Checkpointer, CheckpointError
 from titans_lm.train.state import model_fns
 
@@ -108,8 +110,10 @@ def whole_predictions(predict: Predict, inputs_BL: np.ndarray, segment_ids_BL: n
 def carry_predictions(model: Any, inputs_BL: np.ndarray, segment_ids_BL: np.ndarray,
                       window: int) -> np.ndarray:
     """Predictions streaming windows of ``window`` inputs with the state carried
-    (``context="carry"``), by the stateful API: ``state = model.init_state(B)``, then for each
-    window ``logits_BTV, state = model(tokens_BT, segment_ids_BT, state)``.
+    (``context="carry"``), by the stateful API over parameters: ``model = (stateful, params)``,
+    ``state = stateful.init_state(params, B)``, then for each window ``logits_BTV, state =
+    stateful.apply(params, tokens_BT, segment_ids_BT, state)`` (``titans_lm.train.state.ModelFns``
+    or its jitted calls).
 
     The last window is passed at its own (shorter) length, so no padding enters the state.
     Returns int32[B, L] (argmax of the logits).
@@ -117,15 +121,17 @@ def carry_predictions(model: Any, inputs_BL: np.ndarray, segment_ids_BL: np.ndar
     Raises:
       ValueError: a model without ``init_state`` (a build without the stateful API).
     """
-    if not hasattr(model, "init_state"):
-        raise ValueError("context 'carry' needs a model with the stateful API (model.init_state(B) "
-                         "and model(tokens, segment_ids, state) -> (logits, state)); this model "
-                         "has none: use context 'reset' or 'whole'")
+    stateful, params = model if isinstance(model, tuple) and len(model) == 2 else (model, None)
+    if not (hasattr(stateful, "init_state") and hasattr(stateful, "apply")):
+        raise ValueError("context 'carry' needs a model with the stateful API "
+                         "(init_state(params, B) and apply(params, tokens, segment_ids, state) -> "
+                         "(logits, state)); this model has none: use context 'reset' or 'whole'")
     B, L = inputs_BL.shape
-    state = model.init_state(B)
+    state = stateful.init_state(params, B)
     out = np.zeros((B, L), np.int32)
     for s in range(0, L, window):
-        logits, state = model(inputs_BL[:, s:s + window], segment_ids_BL[:, s:s + window], state)
+        logits, state = stateful.apply(params, inputs_BL[:, s:s + window],
+                                       segment_ids_BL[:, s:s + window], state)
         out[:, s:s + window] = np.argmax(np.asarray(logits), axis=-1)
     return out
 
@@ -143,40 +149,6 @@ def task_accuracy(run: Callable[..., np.ndarray], fn: Any, batches: Sequence[dic
     tot["token_acc"] = tot["correct_tokens"] / max(tot["n_answers"], 1)
     tot["exact_match"] = tot["correct_rows"] / max(tot["n_rows"], 1)
     return tot
-
-
-class JittedStateful:
-    """The stateful API of a trained model (``init_state`` / ``__call__``), jitted once per call
-    shape: wraps ``ModelFns`` and parameters for :func:`carry_predictions`.
-
-    Raises:
-      ValueError: the model has no stateful API (no ``init_state``).
-    """
-
-    def __init__(self, fns: Any, params: Any):
-        with nnx.use_eager_sharding(False):
-            model = fns.module(params)
-        if not hasattr(model, "init_state"):
-            raise ValueError("context 'carry' needs the stateful model API (model.init_state); "
-                             "this build has none: use context 'reset' or 'whole'")
-
-        def init(batch_size):
-            with nnx.use_eager_sharding(False):
-                return fns.module(params).init_state(batch_size)
-
-        def step(p, tokens, segs, state):
-            with nnx.use_eager_sharding(False):
-                return fns.module(p)(tokens, segs, state)
-
-        self._params = params
-        self._init = init
-        self._step = jax.jit(step)
-
-    def init_state(self, batch_size: int):
-        return self._init(batch_size)
-
-    def __call__(self, tokens_BT, segment_ids_BT, state):
-        return self._step(self._params, tokens_BT, segment_ids_BT, state)
 
 
 DRIVERS = {"reset": reset_predictions, "whole": whole_predictions, "carry": carry_predictions}
@@ -345,9 +317,12 @@ def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | N
         fns = model_fns(cfg.model)
     window = int(cfg.data.seq_len)
     if context == "carry":
-        fn = JittedStateful(fns, params)
+        # one compiled program per window length (stream_init_fn: no fresh mark)
+        fn = (types.SimpleNamespace(init_state=stream_init_fn(fns), apply=jax.jit(fns.apply)),
+              params)
     else:
-        fn = jax.jit(lambda x, g: jnp.argmax(fns.apply(params, x, g), axis=-1))
+        fn = jax.jit(lambda x, g: jnp.argmax(
+            fns.apply(params, x, g, fns.init_state(params, x.shape[0]))[0], axis=-1))
     n_examples = int(cfg.task.get("eval_examples", 64))
     batch_size = int(cfg.task.get("eval_batch_size", 16))
     records = []

@@ -34,6 +34,7 @@ import numpy as np
 
 from titans_lm.config import BOS_ID
 from titans_lm.generate.sampling import SamplingConfig, sample_logits
+from titans_lm.models.lm import continued
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +104,7 @@ def _next_tokens(logits_BV, prompt_BL, lengths_B, q, base_keys_B, sampling):
     return jnp.where(q < lengths_B, forced_B, sampled_B).astype(jnp.int32)
 
 
-def make_decode_fns(init_state: Callable, apply: Callable, sampling: SamplingConfig
-                    ) -> tuple[Callable, Callable]:
+def make_decode_fns(model: Any, sampling: SamplingConfig) -> tuple[Callable, Callable]:
     """``(prefill, decode)``, pure functions to jit.
 
     ``prefill(params, prompt_BL, lengths_B, base_keys_B, l_min) -> (next_B, logits_BV, state)``
@@ -114,22 +114,23 @@ def make_decode_fns(init_state: Callable, apply: Callable, sampling: SamplingCon
     tokens to feed at ``q + 1``. ``logits_BV`` are the logits after the call's last token.
 
     Args:
-      init_state: ``init_state(params, batch_size) -> state``.
-      apply: ``apply(params, tokens_BT, segment_ids_BT, state) -> (logits_BTV, state)``.
+      model: the model's stateful API over parameters, ``model.init_state(params, batch_size)
+        -> state`` and ``model.apply(params, tokens_BT, segment_ids_BT, state) -> (logits_BTV,
+        state)`` (:class:`titans_lm.train.state.ModelFns`).
       sampling: how sampled tokens are chosen.
     """
     def prefill(params, prompt_BL, lengths_B, base_keys_B, l_min: int):
         B = prompt_BL.shape[0]
-        state = init_state(params, B)
+        state = continued(model.init_state(params, B))
         tokens_BT = prompt_BL[:, :l_min]
-        logits_BTV, state = apply(params, tokens_BT, jnp.ones_like(tokens_BT), state)
+        logits_BTV, state = model.apply(params, tokens_BT, jnp.ones_like(tokens_BT), state)
         logits_BV = logits_BTV[:, -1]
         nxt = _next_tokens(logits_BV, prompt_BL, lengths_B, jnp.int32(l_min), base_keys_B, sampling)
         return nxt, logits_BV, state
 
     def decode(params, state, token_B, q, prompt_BL, lengths_B, base_keys_B):
         tokens_BT = token_B[:, None]
-        logits_BTV, state = apply(params, tokens_BT, jnp.ones_like(tokens_BT), state)
+        logits_BTV, state = model.apply(params, tokens_BT, jnp.ones_like(tokens_BT), state)
         logits_BV = logits_BTV[:, -1]
         nxt = _next_tokens(logits_BV, prompt_BL, lengths_B, q + 1, base_keys_B, sampling)
         return nxt, logits_BV, state
@@ -148,15 +149,14 @@ class Decoder:
     :data:`PROMPT_BUCKET` (padding is never read: a row's forced tokens stop at its length).
 
     Args:
-      init_state, apply: the model's stateful calls (see :func:`make_decode_fns`), e.g. those of
-        :class:`titans_lm.eval.streaming.StatefulLM`.
+      model: the model's stateful API over parameters (see :func:`make_decode_fns`), e.g. its
+        :class:`titans_lm.train.state.ModelFns`.
       sampling: how sampled tokens are chosen (default greedy).
     """
 
-    def __init__(self, init_state: Callable, apply: Callable,
-                 sampling: SamplingConfig = SamplingConfig(temperature=0.0)):
+    def __init__(self, model: Any, sampling: SamplingConfig = SamplingConfig(temperature=0.0)):
         self.sampling = sampling
-        self._prefill_fn, self._decode_fn = make_decode_fns(init_state, apply, sampling)
+        self._prefill_fn, self._decode_fn = make_decode_fns(model, sampling)
         self._prefill_jit = jax.jit(self._prefill_fn, static_argnums=4)
         self._decode_jit = jax.jit(self._decode_fn, donate_argnums=1)
         self._cache: dict[tuple, Any] = {}

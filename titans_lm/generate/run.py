@@ -35,7 +35,6 @@ from titans_lm.data.corpora import load_documents, read_text
 from titans_lm.data.prepare import resolve_cache_dir
 from titans_lm.data.tokenizer import train_or_load_tokenizer
 from titans_lm.eval.restore import load_run
-from titans_lm.eval.streaming import StatefulLM
 from titans_lm.generate.decode import Decoder, Generation, generate
 from titans_lm.generate.sampling import SamplingConfig
 
@@ -171,7 +170,6 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
         if longest + int(max_new_tokens) - 1 > bound:
             print(f"note: past {bound} tokens the context slides (the KV cache keeps the last "
                   f"{bound} tokens)", file=err)
-    lm = StatefulLM(run.fns)
     streams = [TextStream(tokenizer, x) for x in ids]
     single = len(prompts) == 1
 
@@ -185,7 +183,7 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
     if single:
         out.write(prompts[0])
         out.flush()
-    gen = generate(Decoder(lm.init_state, lm.apply, sampling), run.params, ids,
+    gen = generate(Decoder(run.fns, sampling), run.params, ids,
                    max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens)
     texts = [s.text() for s in streams]
     if single:

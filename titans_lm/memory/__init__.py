@@ -18,7 +18,8 @@ from titans_lm.memory.inner_models import (InnerModel, LinearMemory, MLPMemory, 
 from titans_lm.memory.reference import reference_scan
 from titans_lm.memory.scan import (IMPLEMENTATIONS, get_implementation, memory_read, memory_scan,
                                    register_implementation)
-from titans_lm.memory.layer import MemoryInputs, MemoryState, NeuralMemory  # noqa: E402  (after the engine)
+from titans_lm.memory.carried import MemoryState  # noqa: E402
+from titans_lm.memory.layer import MemoryInputs, NeuralMemory  # noqa: E402  (after the engine)
 
 __all__ = [
     "ChunkCoefficients", "IMPLEMENTATIONS", "InnerModel", "LinearMemory", "MLPMemory", "MemoryConfig",

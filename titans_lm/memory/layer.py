@@ -19,17 +19,9 @@ pipeline guarantees for chunk sizes dividing 64) and the conv window restarts. P
 (segment id 0) get theta = eta = alpha = 0: they write nothing, the memory parameters stay frozen
 through them and the momentum is cleared.
 
-Carried state (:class:`MemoryState`): the memory at the START of the current chunk, the chunk's
-tokens so far (keys, values, gates, reset flags: at most b - 1 = chunk_size - 1 of them) and the
-last conv_kernel - 1 pre-conv projections. A call runs the engine over [buffer || call] from the
-chunk-start state with ``state_length`` = the tokens up to the last chunk start, so it returns the
-next chunk-start state and buffers the rest: any split of a sequence into calls gives exactly the
-mini-batch semantics of one call, and a decode step (T = 1) costs O(chunk_size), constant in the
-context. A call with ``stream.fresh`` (a state that has seen no token) skips the buffer and the
-tail. A call made only of persistent tokens (segment id -1: ``LanguageModel.init_state``'s
-persistent pass, Titans sec. 3.3) leaves its end state as the chunk-start state and as the reset
-target: every document then starts from the state the persistent tokens leave, on a chunk grid
-that starts at the first real token (what a lone sequence [persistent || document] gives).
+Carried state: :class:`titans_lm.memory.carried.MemoryState` (the memory at the start of the
+current chunk, the chunk's tokens so far and the conv tail; see that module for how a call runs
+from it, so that any split of a sequence into calls gives the mini-batch semantics of one call).
 
 Shapes: B batch, T tokens, D d_model, H n_heads, Dh head_dim. A (params, momentum) pair is a pair
 of tuples of arrays with leading [B, H] (layout of the inner model, see
@@ -48,6 +40,8 @@ from flax import nnx
 from titans_lm.memory import gates as gate_fns
 from titans_lm.memory import sharded
 from titans_lm.memory import stats as memory_stats
+from titans_lm.memory.carried import (MemoryState, Tokens, empty_state, next_state, reset_rows,
+                                      with_buffer)
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.scan import check_resets, memory_read, memory_scan
 from titans_lm.nn.channel_scale import channel_scale
@@ -56,50 +50,6 @@ from titans_lm.nn.project import project
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 
 State = tuple  # (params: tuple[[B, H, ...]], momentum: tuple[[B, H, ...]])
-
-
-class MemoryState(NamedTuple):
-    """The carried state of a NeuralMemory (a pytree; b = chunk_size, K = conv_kernel).
-
-    params, momentum: tuples of [B, H, ...] at the start of the current chunk (inner dtype).
-    reset_to: tuple of [B, H, ...]: what a document start restores (W0, or the state the
-      persistent tokens leave), with zero momentum.
-    buf_k, buf_v: [B, H, b - 1, Dh] keys and values of the current chunk's tokens so far;
-    buf_theta, buf_eta, buf_log_keep: [B, H, b - 1] their gates, the forget gate as
-      log(1 - alpha) (before the padding mask and the per-chunk gate choice); buf_real: bool
-      [B, b - 1] non-padding; buf_reset: bool [B, b - 1]
-      document starts. Only the first ``n_buf`` entries are meaningful.
-    n_buf: int32 [] tokens buffered: the chunk phase, (tokens seen) % b, the same in every row.
-    conv_tail: () without conv, else (q, k, v) pre-conv projections of the last K - 1 tokens,
-      [B, K - 1, H, Dh] each (compute dtype).
-    """
-
-    params: tuple
-    momentum: tuple
-    reset_to: tuple
-    buf_k: jax.Array
-    buf_v: jax.Array
-    buf_theta: jax.Array
-    buf_eta: jax.Array
-    buf_log_keep: jax.Array
-    buf_real: jax.Array
-    buf_reset: jax.Array
-    n_buf: jax.Array
-    conv_tail: tuple
-
-
-class _Tokens(NamedTuple):
-    """Per-token engine inputs before the padding mask and the per-chunk gates (time axis 2 for
-    [B, H, T, ...] and axis 1 for [B, T])."""
-
-    q: jax.Array       # [B, H, T, Dh]
-    k: jax.Array       # [B, H, T, Dh]
-    v: jax.Array       # [B, H, T, Dh]
-    theta: jax.Array   # [B, H, T]
-    eta: jax.Array     # [B, H, T]
-    log_keep: jax.Array   # [B, H, T] log(1 - alpha)
-    real: jax.Array    # bool [B, T]
-    reset: jax.Array   # bool [B, T]
 
 
 def _eager_sharding() -> bool:
@@ -144,9 +94,9 @@ class NeuralMemory(nnx.Module):
 
     Call (mixer protocol): ``layer.init_state(B) -> MemoryState``;
     ``layer(x_BTD, stream, state) -> (y_BTD, MemoryState)`` (module docstring).
-    Lower-level pieces for other wirings (MAC's segment loop):
-    :meth:`project`, :meth:`initial_state`, :meth:`reset_state`, :meth:`scan`, :meth:`read`,
-    :meth:`output`.
+    ``layer.reset_memory(state, rows_B)``, ``layer.memory_norms(state)`` (the rest of the mixer
+    protocol, ``titans_lm.models.mixer``). Lower-level pieces for other wirings (MAC's segment
+    loop): :meth:`project`, :meth:`initial_params`, :meth:`scan`, :meth:`read`, :meth:`output`.
 
     Parameters (logical axis names): w_q, w_k, w_v, w_gate [D, H, Dh] ("embed", "heads",
     "head_dim"); conv_q, conv_k, conv_v [K, H, Dh] (None, "heads", "head_dim") when use_conv (row 0
@@ -240,7 +190,7 @@ class NeuralMemory(nnx.Module):
         tokens, tail = self._tokens(x_BTD, stream, conv_tail, tail_at)
         return self._finish(tokens), tail
 
-    def _tokens(self, x_BTD, stream, conv_tail=(), tail_at=None) -> tuple[_Tokens, tuple]:
+    def _tokens(self, x_BTD, stream, conv_tail=(), tail_at=None) -> tuple[Tokens, tuple]:
         cfg = self.cfg
         B, T, D = self._check_input(x_BTD)
         if tuple(stream.segment_ids.shape) != (B, T):
@@ -285,12 +235,12 @@ class NeuralMemory(nnx.Module):
 
         to_bhtd = lambda y: jnp.transpose(y, (0, 2, 1, 3))  # noqa: E731
         to_bht = lambda g: jnp.transpose(g, (0, 2, 1))  # noqa: E731
-        tokens = _Tokens(q=to_bhtd(q), k=to_bhtd(k), v=to_bhtd(v), theta=to_bht(theta),
+        tokens = Tokens(q=to_bhtd(q), k=to_bhtd(k), v=to_bhtd(v), theta=to_bht(theta),
                          eta=to_bht(eta), log_keep=to_bht(log_keep), real=stream.segment_ids != 0,
                          reset=jnp.asarray(stream.starts, bool))
         return tokens, tuple(new_tails)
 
-    def _finish(self, t: _Tokens) -> MemoryInputs:
+    def _finish(self, t: Tokens) -> MemoryInputs:
         """Per-chunk gates (gate_granularity "chunk": a gate is elementwise in its
         pre-activation, so taking the chunk's first gate equals gating its first pre-activation)
         and the padding mask, for tokens whose chunk grid starts at index 0."""
@@ -307,18 +257,9 @@ class NeuralMemory(nnx.Module):
         """The learned per-head initial memory parameters W0: tuple of [H, ...] (inner dtype)."""
         return tuple(p[...].astype(self.inner_dtype) for p in self.w0)
 
-    def initial_state(self, batch_size: int) -> State:
-        """(W0 broadcast to [B, H, ...], zero momentum): the state at a document start."""
-        params = tuple(jnp.broadcast_to(p, (batch_size,) + p.shape) for p in self.initial_params())
-        return params, tuple(jnp.zeros_like(p) for p in params)
-
-    def reset_state(self, state: State, reset_B: jax.Array) -> State:
-        """Where reset_B (bool [B]) is True, replace the state by the initial state."""
-        params, momentum = state
-        init_params, init_momentum = self.initial_state(reset_B.shape[0])
-        sel = lambda r, a, b: jnp.where(r.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)  # noqa: E731
-        return (tuple(sel(reset_B, i, p) for i, p in zip(init_params, params)),
-                tuple(sel(reset_B, i, m) for i, m in zip(init_momentum, momentum)))
+    def _w0(self, batch_size: int) -> tuple:
+        """W0 broadcast to [B, H, ...] (inner dtype): the parameters at a document start."""
+        return tuple(jnp.broadcast_to(p, (batch_size,) + p.shape) for p in self.initial_params())
 
     def scan(self, state: State, q, k, v, theta, eta, alpha, reset=None, log_keep=None, *,
              read: Optional[str] = None, reset_to: Optional[tuple] = None, state_length=None):
@@ -330,7 +271,8 @@ class NeuralMemory(nnx.Module):
         is called directly.
 
         Args:
-          state: (params, momentum) with leading [B, H] (e.g. initial_state(B) or a carried one).
+          state: (params, momentum) with leading [B, H] (e.g. ``init_state(B)``'s
+            ``(params, momentum)`` or a carried one).
           q, k, v: [B, H, T, Dh]; theta, eta, alpha: [B, H, T]; reset: bool [B, T] or None.
           read: "after_write" | "chunk_start"; None uses cfg.read.
           reset_to: parameters with leading [B, H] that a reset (at a chunk start) restores,
@@ -351,7 +293,7 @@ class NeuralMemory(nnx.Module):
             reset = jnp.zeros((B, T), bool)
         check_resets(reset, cfg.chunk_size)
         if reset_to is None:
-            reset_to = self.initial_state(B)[0]
+            reset_to = self._w0(B)
         options = {"chunks_per_checkpoint": cfg.chunks_per_checkpoint} if cfg.impl == "chunked" else {}
         if cfg.read_running_mean:
             options["running_mean"] = True
@@ -390,7 +332,6 @@ class NeuralMemory(nnx.Module):
                          reset, cast(reset_to), None if log_keep is None else log_keep.astype(idt),
                          state_length),
             impl=cfg.impl, batch=B, heads=cfg.n_heads)
-        memory_stats.record_state(self, P, self.initial_params())
         return reads, (P, S)
 
     def read(self, state: State, q_BHTD: jax.Array) -> jax.Array:
@@ -414,7 +355,9 @@ class NeuralMemory(nnx.Module):
 
     def init_state(self, batch_size: int) -> MemoryState:
         """The state of a stream that has seen nothing: (W0, 0) at a chunk start, reset to W0,
-        an empty buffer and a zero conv tail.
+        an empty buffer and a zero conv tail (``titans_lm.memory.carried.empty_state``). The
+        layer's one state constructor: a wiring that needs the bare (params, momentum) pair at a
+        document start (MAC) takes ``state.params, state.momentum`` of it.
 
         Raises:
           ValueError: for batch_size < 1.
@@ -422,19 +365,20 @@ class NeuralMemory(nnx.Module):
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         cfg, B = self.cfg, int(batch_size)
-        params, momentum = self.initial_state(B)
-        H, Dh, n = cfg.n_heads, cfg.head_dim, cfg.chunk_size - 1
-        idt = self.inner_dtype
         tail = ()
         if cfg.use_conv:
-            tail = tuple(jnp.zeros((B, cfg.conv_kernel - 1, H, Dh), self.compute_dtype)
-                         for _ in range(3))
-        return MemoryState(params=params, momentum=momentum, reset_to=params,
-                           buf_k=jnp.zeros((B, H, n, Dh), idt), buf_v=jnp.zeros((B, H, n, Dh), idt),
-                           buf_theta=jnp.zeros((B, H, n), idt), buf_eta=jnp.zeros((B, H, n), idt),
-                           buf_log_keep=jnp.zeros((B, H, n), idt), buf_real=jnp.zeros((B, n), bool),
-                           buf_reset=jnp.zeros((B, n), bool), n_buf=jnp.zeros((), jnp.int32),
-                           conv_tail=tail)
+            tail = tuple(jnp.zeros((B, cfg.conv_kernel - 1, cfg.n_heads, cfg.head_dim),
+                                   self.compute_dtype) for _ in range(3))
+        return empty_state(self._w0(B), chunk_size=cfg.chunk_size, head_dim=cfg.head_dim,
+                           inner_dtype=self.inner_dtype, conv_tail=tail)
+
+    def reset_memory(self, state: MemoryState, rows_B: jax.Array) -> MemoryState:
+        """The mixer protocol's memory reset: ``titans_lm.memory.carried.reset_rows``."""
+        return reset_rows(state, rows_B)
+
+    def memory_norms(self, state: MemoryState) -> tuple[jax.Array]:
+        """``(||P|| / ||W0||,)`` of the state's chunk-start memory (``titans_lm.memory.stats``)."""
+        return (memory_stats.memory_norm(state.params, self.initial_params()),)
 
     def __call__(self, x_BTD: jax.Array, stream, state: MemoryState
                  ) -> tuple[jax.Array, MemoryState]:
@@ -460,7 +404,7 @@ class NeuralMemory(nnx.Module):
             n, seq = 0, tokens
         else:
             n = state.n_buf
-            seq = self._with_buffer(state, tokens, n)
+            seq = with_buffer(state, tokens, n)
         m = n + T                    # tokens of the current chunk grid, buffered ones included
         n_next = m % b               # tokens after the last chunk start
         if fresh and T % b == 0:     # static: the call ends on a chunk boundary
@@ -475,46 +419,9 @@ class NeuralMemory(nnx.Module):
         if not fresh:
             reads = jax.lax.dynamic_slice_in_dim(reads, n, T, axis=2)
         y = self.output(reads, x_BTD)
-        new_state = self._next_state(state, seq, P, S, m - n_next, prefix, n_next, tail)
+        new_state = next_state(state, seq, P, S, m - n_next, prefix, n_next, tail,
+                               inner_dtype=self.inner_dtype)
         return y, new_state
-
-    def _with_buffer(self, state: MemoryState, t: _Tokens, n) -> _Tokens:
-        """[buffer || call] of static length b - 1 + T, the call placed at the dynamic index n."""
-        T = t.q.shape[2]
-        buf = _Tokens(q=jnp.zeros_like(state.buf_k), k=state.buf_k, v=state.buf_v,
-                      theta=state.buf_theta, eta=state.buf_eta, log_keep=state.buf_log_keep,
-                      real=state.buf_real, reset=state.buf_reset)
-
-        def place(axis):
-            def fn(b_, x):
-                widths = [(0, 0)] * b_.ndim
-                widths[axis] = (0, T)
-                return jax.lax.dynamic_update_slice_in_dim(jnp.pad(b_, widths), x.astype(b_.dtype),
-                                                           n, axis)
-            return fn
-
-        return _Tokens(*(place(2 if i < 6 else 1)(bf, x) for i, (bf, x) in enumerate(zip(buf, t))))
-
-    def _next_state(self, state: MemoryState, seq: _Tokens, P, S, start, prefix, n_next, tail
-                    ) -> MemoryState:
-        """Buffer the tokens of seq from ``start`` on (b - 1 slots); a persistent pass makes its
-        end state the chunk-start state and the reset target, with an empty buffer."""
-        nb = self.cfg.chunk_size - 1
-
-        def window(x, axis):
-            widths = [(0, 0)] * x.ndim
-            widths[axis] = (0, nb)
-            return jax.lax.dynamic_slice_in_dim(jnp.pad(x, widths), start, nb, axis)
-
-        w = _Tokens(*(window(x, 2 if i < 6 else 1) for i, x in enumerate(seq)))
-        reset_to = tuple(jnp.where(prefix, p, r) for p, r in zip(P, state.reset_to))
-        idt = self.inner_dtype
-        return MemoryState(params=tuple(P), momentum=tuple(S), reset_to=reset_to,
-                           buf_k=w.k.astype(idt), buf_v=w.v.astype(idt),
-                           buf_theta=w.theta.astype(idt), buf_eta=w.eta.astype(idt),
-                           buf_log_keep=w.log_keep.astype(idt), buf_real=w.real, buf_reset=w.reset,
-                           n_buf=jnp.where(prefix, 0, n_next).astype(jnp.int32),
-                           conv_tail=tuple(tail))
 
     # ----------------------------------------------------------------------------- helpers
     def _l2_normalize(self, x):

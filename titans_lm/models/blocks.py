@@ -5,8 +5,9 @@ baselines):
     x <- x + SwiGLU(RMSNorm(x))
 
 The token mixer is any module with the mixer protocol (attention, a test-time-learning memory, a
-hybrid): ``mixer.init_state(B) -> state`` and ``mixer(x_BTD, stream, state) -> (y_BTD, state)``
-(``stream`` from ``titans_lm.nn.stream``), so a backbone is a choice of mixer per block.
+hybrid; ``titans_lm.models.mixer.Mixer``): ``mixer.init_state(B) -> state`` and
+``mixer(x_BTD, stream, state) -> (y_BTD, state)`` (``stream`` from ``titans_lm.nn.stream``), plus
+``reset_memory`` and ``memory_norms``, so a backbone is a choice of mixer per block.
 """
 
 from __future__ import annotations

@@ -6,15 +6,18 @@ with an explicit carried state (one interface for every backbone):
 
     state = model.init_state(B)                       # LMState: stream context + one state per block
     logits_BTV, state = model(tokens_BT, segment_ids_BT, state)
-    logits_BTV = model(tokens_BT, segment_ids_BT)     # training path: the stateful call from
-                                                      # init_state(B), state dropped
+
+A stateless caller (training, reset-mode evaluation) passes ``init_state(B)`` and drops the state
+it gets back: the initial state is marked ``fresh`` (static), so that call compiles to the
+single-sequence program (no cache or buffer work, the returned state's unused parts removed by
+jit). ``model(tokens_BT, segment_ids_BT)`` is that call's logits, a shorthand for tests.
 
 A call over [w1 || w2] equals the call over w1 followed by the call over w2 with the returned state
 (documents are given by the segment ids across calls, ``titans_lm.nn.stream``). A backbone supplies
-``make_mixer(layer, rngs) -> mixer`` (the token mixer of each block, with the mixer protocol of
-``titans_lm.models.blocks``) and, optionally, a number of persistent-memory tokens (Titans section
-3.3): ``init_state`` runs the blocks over them (segment id -1), so every stream starts from the
-state they leave and the real tokens alone are processed by each call. The head is the transposed
+``make_mixer(layer, rngs) -> mixer`` (the token mixer of each block, with the mixer protocol
+``titans_lm.models.mixer.Mixer``) and, optionally, a number of persistent-memory tokens (Titans
+section 3.3): ``init_state`` runs the blocks over them (segment id -1), so every stream starts from
+the state they leave and the real tokens alone are processed by each call. The head is the transposed
 embedding (tied) or a separate [D, V] matrix (untied), by ``tie_embeddings``.
 
 Init (GPT-2/GPT-3 style): embeddings, the untied head and input projections N(0, init_std^2);
@@ -24,9 +27,9 @@ sqrt(2 n_layers))^2), see ``titans_lm.nn.init.scaled_out_std``; norm scales 1.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,15 +57,37 @@ def check_model_config(model_cfg, fields=SHELL_FIELDS) -> None:
                          f"{missing}; set them in configs/<backbone>.py")
 
 
-class LMState(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class LMState:
     """The carried state of a LanguageModel (a pytree of arrays).
 
     stream: the stream context (``titans_lm.nn.stream.StreamState``).
     layers: tuple of one mixer state per block, in block order.
+    fresh: static (part of the pytree structure): True for the state ``init_state`` returns,
+      which holds no token of the stream yet; the call from it then runs the single-sequence
+      program (``titans_lm.nn.stream.Stream.fresh``). The state a call returns is not fresh.
+      :meth:`continued` drops the mark, so that a loop over a stream compiles one program for
+      its first call and the later ones (the results are the same either way).
     """
 
     stream: StreamState
     layers: tuple
+    fresh: bool = False
+
+    def _replace(self, **changes) -> "LMState":
+        return dataclasses.replace(self, **changes)
+
+    def continued(self) -> "LMState":
+        """The same state without the ``fresh`` mark."""
+        return dataclasses.replace(self, fresh=False)
+
+
+jax.tree_util.register_dataclass(LMState, data_fields=["stream", "layers"], meta_fields=["fresh"])
+
+
+def continued(state):
+    """``state.continued()`` for an :class:`LMState`; any other state unchanged."""
+    return state.continued() if isinstance(state, LMState) else state
 
 
 def count_params(model) -> int:
@@ -91,8 +116,9 @@ class LanguageModel(nnx.Module):
     Call:
       tokens_BT: int [B, T] token ids in [0, V), T >= 1; segment_ids_BT: int [B, T] (0 = padding,
       a new document wherever the id changes, also across calls); state: an ``LMState`` from
-      ``init_state(B)`` or a previous call, or None. Returns float32 logits [B, T, V] (float64 when
-      computing in float64) and, when a state was given, the state after the call. Padding
+      ``init_state(B)`` or a previous call. Returns float32 logits [B, T, V] (float64 when
+      computing in float64) and the state after the call (None for the state: the logits of
+      the call from ``init_state(B)``, alone). Padding
       positions get finite logits. Attention and RoPE positions restart at each document start.
       The residual stream between blocks is float32 whatever the compute dtype.
 
@@ -160,7 +186,22 @@ class LanguageModel(nnx.Module):
             stream, stream_state = make_stream(ids_BP, stream_state, fresh=True)
             _, layers = self._blocks(x_BPD, stream, layers)
             stream_state = stream_state._replace(position=jnp.zeros((), jnp.int32))
-        return LMState(stream_state, layers)
+        return LMState(stream_state, layers, fresh=True)
+
+    def reset_memory(self, state: LMState, rows_B: jax.Array) -> LMState:
+        """``state`` with every block's neural memory reset in the rows ``rows_B`` (bool [B])
+        (each mixer's ``reset_memory``, ``titans_lm.models.mixer.Mixer``); attention caches, the
+        stream context and everything else unchanged. Pure and jit-compatible."""
+        layers = tuple(block.mixer.reset_memory(s, rows_B)
+                       for block, s in zip(self.blocks, state.layers))
+        return state._replace(layers=layers)
+
+    def memory_norms(self, state: LMState) -> tuple[jax.Array, ...]:
+        """One float32 scalar per neural memory of the model, in block order: the norm of the
+        memory the state holds relative to its layer's W0 (``titans_lm.memory.stats``); () for
+        a model without a neural memory."""
+        return tuple(n for block, s in zip(self.blocks, state.layers)
+                     for n in block.mixer.memory_norms(s))
 
     def _blocks(self, x_BTD: jax.Array, stream: Stream, layers: tuple) -> tuple[jax.Array, tuple]:
         new_layers = []
@@ -178,14 +219,14 @@ class LanguageModel(nnx.Module):
         if segment_ids_BT.shape != tokens_BT.shape:
             raise ValueError(f"segment_ids shape {segment_ids_BT.shape} differs from tokens shape "
                              f"{tokens_BT.shape}")
-        stateless = state is None
-        if stateless:
+        logits_only = state is None
+        if logits_only:
             state = self.init_state(tokens_BT.shape[0])
         elif not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
             raise ValueError("state must be the LMState of this model (model.init_state(B) or the "
                              "state a previous call returned)")
         # The model feeds its persistent tokens itself (init_state): a call's ids are >= 0.
-        stream, stream_state = make_stream(segment_ids_BT, state.stream, fresh=stateless,
+        stream, stream_state = make_stream(segment_ids_BT, state.stream, fresh=state.fresh,
                                            no_persistent=True)
         # The residual stream is kept in float32 (float64 in float64 mode) even when computing in
         # bfloat16 (the embedding lookup is done in that dtype): the norms, mixers and MLPs run in
@@ -200,4 +241,4 @@ class LanguageModel(nnx.Module):
         else:
             logits = jnp.einsum("btd,dv->btv", x_BTD, self.head[...].astype(self.dtype),
                                 preferred_element_type=out_dt)
-        return logits if stateless else (logits, LMState(stream_state, layers))
+        return logits if logits_only else (logits, LMState(stream_state, layers))

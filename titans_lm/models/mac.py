@@ -50,6 +50,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from titans_lm.memory import stats as memory_stats
+from titans_lm.memory.carried import select_rows
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
 from titans_lm.models.memory_mixer import make_memory, memory_config, memory_layer_indices
@@ -177,12 +179,29 @@ class MACMixer(nnx.Module):
 
     def init_state(self, batch_size: int) -> MACState:
         """(W0, 0) at a segment start, no tokens of a segment yet, zero conv tails."""
-        mem = self.memory
-        tails = mem.init_state(batch_size).conv_tail
-        return MACState(memory=mem.initial_state(batch_size),
+        start = self.memory.init_state(batch_size)
+        return MACState(memory=(start.params, start.momentum),
                         segment=_empty_buffer(batch_size, self.segment_len, self.attention.d_model,
                                               self.attention.dtype),
-                        retrieval_tail=tails, write_tail=tails)
+                        retrieval_tail=start.conv_tail, write_tail=start.conv_tail)
+
+    def reset_memory(self, state: MACState, rows_B: jax.Array) -> MACState:
+        """``memory`` (the state at the current segment's start) of the rows ``rows_B`` back to
+        the layer's W0 from the current parameters, with zero momentum. The segment buffer (the
+        current segment's tokens so far, which the next call runs again from that memory) and
+        the conv tails are kept, so those tokens retrieve from W0 and are written into the reset
+        memory again: what is removed is what the segments completed before the current one
+        wrote."""
+        params, momentum = state.memory
+        start = self.memory.init_state(rows_B.shape[0])
+        return state._replace(memory=(
+            tuple(select_rows(rows_B, p0.astype(p.dtype), p)
+                  for p0, p in zip(start.params, params)),
+            tuple(select_rows(rows_B, jnp.zeros_like(m), m) for m in momentum)))
+
+    def memory_norms(self, state: MACState) -> tuple[jax.Array]:
+        """``(||P|| / ||W0||,)`` of the memory at the current segment's start."""
+        return (memory_stats.memory_norm(state.memory[0], self.memory.initial_params()),)
 
     def __call__(self, x_BTD: jax.Array, stream, state: MACState) -> tuple[jax.Array, MACState]:
         o, state, _ = self.forward(x_BTD, stream, state)
@@ -216,7 +235,8 @@ class MACMixer(nnx.Module):
         # Queries for the retrieval, document starts; the retrieval conv tail before segment n_full.
         retrieval, r_tail = mem.project(x, ext, () if stream.fresh else state.retrieval_tail,
                                         tail_at=n_full * N)
-        reads_w0 = mem.read(mem.initial_state(B), retrieval.q)  # for documents starting here
+        start = mem.init_state(B)
+        reads_w0 = mem.read((start.params, start.momentum), retrieval.q)  # documents starting here
         xs = (_to_segments(x, 1, N), _to_segments(ext.segment_ids, 1, N),
               _to_segments(ext.doc_ids, 1, N), _to_segments(ext.positions, 1, N),
               _to_segments(ext.starts, 1, N), _to_segments(retrieval.q, 2, N),
@@ -288,6 +308,16 @@ class SegmentAttentionMixer(nnx.Module):
         y = y[:, :T] if stream.fresh else jax.lax.dynamic_slice_in_dim(y, n, T, 1)
         m = n + T
         return y, _next_buffer(x, ext, (m // N) * N, m % N, N)
+
+    def reset_memory(self, state: SegmentBuffer, rows_B: jax.Array) -> SegmentBuffer:
+        """No neural memory: ``state`` unchanged."""
+        del rows_B
+        return state
+
+    def memory_norms(self, state: SegmentBuffer) -> tuple:
+        """No neural memory: ()."""
+        del state
+        return ()
 
 
 @register("mac")

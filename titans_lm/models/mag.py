@@ -86,6 +86,12 @@ class MAGMixer(nnx.Module):
         m, memory_state = self.memory(x_BTD, stream, memory_state)
         return self.combine(y, m), (attention_state, memory_state)
 
+    def reset_memory(self, state: tuple, rows_B: jax.Array) -> tuple:
+        return state[0], self.memory.reset_memory(state[1], rows_B)
+
+    def memory_norms(self, state: tuple) -> tuple[jax.Array]:
+        return self.memory.memory_norms(state[1])
+
 
 def hybrid_attention(model_cfg, out_init_std: float, *, rngs: nnx.Rngs) -> Attention:
     """The sliding-window attention of a MAG/MAL layer (or of a layer without memory), with slots

@@ -55,6 +55,12 @@ class MALMixer(nnx.Module):
         o, attention_state = self.attention(y, stream, attention_state)
         return o, (memory_state, attention_state)
 
+    def reset_memory(self, state: tuple, rows_B: jax.Array) -> tuple:
+        return self.memory.reset_memory(state[0], rows_B), state[1]
+
+    def memory_norms(self, state: tuple) -> tuple[jax.Array]:
+        return self.memory.memory_norms(state[0])
+
 
 @register("mal")
 def build_mal(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:

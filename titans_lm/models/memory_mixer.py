@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.memory.layer import MemoryState, NeuralMemory
+from titans_lm.memory.carried import MemoryState
+from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
 from titans_lm.nn.init import normal_param, scaled_out_std
 
@@ -122,6 +123,12 @@ class MemoryMixer(nnx.Module):
     def __call__(self, x_BTD: jax.Array, stream, state: MemoryState
                  ) -> tuple[jax.Array, MemoryState]:
         return self.memory(x_BTD, stream, state)
+
+    def reset_memory(self, state: MemoryState, rows_B: jax.Array) -> MemoryState:
+        return self.memory.reset_memory(state, rows_B)
+
+    def memory_norms(self, state: MemoryState) -> tuple[jax.Array]:
+        return self.memory.memory_norms(state)
 
 
 def build_memory_lm(model_cfg, *, rngs: nnx.Rngs, n_persistent: int = 0):

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from flax import nnx
 
@@ -53,32 +52,5 @@ def build_model(model_cfg, *, rngs: nnx.Rngs) -> nnx.Module:
         raise ValueError(f"model config has no 'name'; registered models: {registered_names()}")
     if name not in _BUILDERS:
         raise ValueError(f"unknown model name {name!r}; registered models: {registered_names()}")
-    with nnx.use_eager_sharding(False), _tracer_origins_off():
+    with nnx.use_eager_sharding(False):
         return _BUILDERS[name](model_cfg, rngs=rngs)
-
-
-@contextlib.contextmanager
-def _tracer_origins_off() -> Iterator[None]:
-    """Building a model under tracing (``nnx.eval_shape``, a jitted init) without JAX's tracer
-    "origin" messages.
-
-    Every random draw updates its ``nnx.Rngs`` counter through ``Variable.set_value``, which
-    compares ``getattr(value, "sharding", None)`` of the old and new values; on a tracer that
-    attribute raises an AttributeError whose message (``DynamicJaxprTracer._origin_msg``) searches
-    the whole jaxpr traced so far for the value's origin. That makes an abstract build quadratic in
-    model size: 38 s for ``lmm:760m`` on this project's 2-core CPU, 80% of it composing messages
-    that are caught and dropped. Within this block the message is left empty; the values built
-    are unchanged. (A no-op if this JAX has no such method.)
-    """
-    try:
-        from jax._src.interpreters import partial_eval as pe  # deliberate: private, may be absent
-        cls = pe.DynamicJaxprTracer
-        original = cls.__dict__["_origin_msg"]
-    except (ImportError, AttributeError, KeyError):
-        yield
-        return
-    cls._origin_msg = lambda self: ""
-    try:
-        yield
-    finally:
-        cls._origin_msg = original

@@ -285,6 +285,16 @@ class Attention(nnx.Module):
         return AttentionState(empty_cache(batch_size, self.n_persistent, H, K, dt),
                               empty_cache(batch_size, self.cache_size, H, K, dt))
 
+    def reset_memory(self, state: AttentionState, rows_B: jax.Array) -> AttentionState:
+        """No neural memory: ``state`` unchanged (mixer protocol, ``titans_lm.models.mixer``)."""
+        del rows_B
+        return state
+
+    def memory_norms(self, state: AttentionState) -> tuple:
+        """No neural memory: ()."""
+        del state
+        return ()
+
     def __call__(self, x_BTD: jax.Array, stream: Stream, state: AttentionState
                  ) -> tuple[jax.Array, AttentionState]:
         if x_BTD.ndim != 3 or x_BTD.shape[-1] != self.d_model:

@@ -9,7 +9,9 @@ scale at D = 256, T = 4096 took 30.5 ms against 2.8 ms (2-core CPU, jax 0.10.2).
 backward computes ``dw = 1^T (g * x)`` over the flattened leading axes as a matrix product,
 which XLA does not fuse with the product's producers.
 
-Reverse mode only (``jax.custom_vjp``): ``jax.grad`` to any order works, ``jax.jvp`` does not.
+The custom gradient is used where it helps only: on the CPU backend outside ``forward_mode()``
+(:mod:`titans_lm.nn.cpu_gradients`); elsewhere ``channel_scale`` is the plain product, which JAX
+differentiates in both modes (``jax.jvp`` included). ``jax.grad`` to any order works everywhere.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from titans_lm.nn.cpu_gradients import uses_custom_gradient
 
-@jax.custom_vjp
+
 def channel_scale(x: jax.Array, w: jax.Array) -> jax.Array:
     """x * w.
 
@@ -31,6 +34,14 @@ def channel_scale(x: jax.Array, w: jax.Array) -> jax.Array:
       ValueError: when w's shape is not x's trailing shape.
     """
     _check(x, w)
+    if uses_custom_gradient():
+        return _channel_scale_cpu(x, w)
+    return x * w
+
+
+@jax.custom_vjp
+def _channel_scale_cpu(x: jax.Array, w: jax.Array) -> jax.Array:
+    """:func:`channel_scale` with the CPU backward (module docstring)."""
     return x * w
 
 
@@ -53,4 +64,4 @@ def _bwd(res, g):
     return (g * w).astype(x.dtype), dw.reshape(w.shape).astype(w.dtype)
 
 
-channel_scale.defvjp(_fwd, _bwd)
+_channel_scale_cpu.defvjp(_fwd, _bwd)

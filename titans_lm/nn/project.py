@@ -18,7 +18,14 @@ for 1M elements). Here the backward computes ``dw = x^T g`` and ``dx = g w^T`` a
 products of the flattened arrays, so ``g`` keeps its natural [tokens, out] layout and only the
 cheap activations ``x`` are transposed.
 
-Reverse mode only (``jax.custom_vjp``): ``jax.grad`` to any order works, ``jax.jvp`` does not.
+The custom gradient is a CPU layout fix, so it is used only where it helps: when JAX's default
+backend is the CPU (decided at trace time) and outside ``forward_mode()``
+(:mod:`titans_lm.nn.cpu_gradients`, re-exported here). Elsewhere (GPU, TPU)
+``project`` is the plain einsum, which JAX differentiates in both modes. A ``jax.custom_vjp``
+function has no forward mode: ``jax.jvp`` (and ``jax.linearize``, ``jax.jacfwd``, forward-over-
+reverse Hessian products) through a model on the CPU must be traced inside ``with
+forward_mode():``, which selects the plain einsum there too (the same values; only the CPU
+backward's layout differs). ``jax.grad`` to any order works everywhere.
 """
 
 from __future__ import annotations
@@ -28,8 +35,8 @@ import math
 
 import jax
 
+from titans_lm.nn.cpu_gradients import forward_mode, uses_custom_gradient
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def project(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     """``einsum`` of x's last ``n_in`` axes with w's first ``n_in`` axes.
 
@@ -45,8 +52,23 @@ def project(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     Raises:
       ValueError: when x's last ``n_in`` axes are not w's first ``n_in`` axes.
     """
+    if uses_custom_gradient():
+        return _project_cpu(x, w, n_in)
+    return _matmul(x, w, n_in)
+
+
+__all__ = ["forward_mode", "project", "uses_custom_gradient"]
+
+
+def _matmul(x, w, n_in):
     x2, w2, out_shape = _flat(x, w, n_in)
     return (x2 @ w2).reshape(out_shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _project_cpu(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """:func:`project` with the CPU-layout backward (module docstring)."""
+    return _matmul(x, w, n_in)
 
 
 def _flat(x, w, n_in):
@@ -60,7 +82,7 @@ def _flat(x, w, n_in):
 
 
 def _fwd(x, w, n_in):
-    return project(x, w, n_in), (x, w)
+    return _matmul(x, w, n_in), (x, w)
 
 
 def _bwd(n_in, res, g):
@@ -72,4 +94,4 @@ def _bwd(n_in, res, g):
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-project.defvjp(_fwd, _bwd)
+_project_cpu.defvjp(_fwd, _bwd)

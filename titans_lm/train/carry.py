@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from titans_lm.memory.layer import MemoryState
+from titans_lm.memory.carried import MemoryState
 from titans_lm.nn.attention import AttentionState
 from titans_lm.train import sharding as shd
 
@@ -49,7 +49,7 @@ def refresh(carried: Any, fresh: Any) -> Any:
       fresh: ``model.init_state(B)`` of the same model with the current parameters.
 
     Returns:
-      ``carried`` where every :class:`~titans_lm.memory.layer.MemoryState` has ``fresh``'s
+      ``carried`` where every :class:`~titans_lm.memory.carried.MemoryState` has ``fresh``'s
       ``reset_to`` and every :class:`~titans_lm.nn.attention.AttentionState` has ``fresh``'s
       ``persistent`` slots; every other leaf is ``carried``'s.
 

@@ -3,13 +3,20 @@
 The model is an ``nnx.Module``; training works on its split form. ``nnx.split`` gives a static
 graph definition and the parameters; the parameters travel as a *pure dict* of float32 arrays
 (``nnx.to_pure_dict``), which jit, optax and orbax all handle as an ordinary pytree. The module
-is rebuilt inside the jitted step with :meth:`ModelFns.apply`.
+is rebuilt inside the jitted step by :class:`ModelFns`, whose two calls are the model's one API
+over parameters (used by training, evaluation, streaming, the task probes and generation):
+
+    state = fns.init_state(params, B)
+    logits_BTV, state = fns.apply(params, tokens_BT, segment_ids_BT, state)
+
+A stateless caller passes ``fns.init_state(params, B)`` and drops the state it gets back (the
+initial state is marked fresh, so the call compiles to the single-sequence program;
+``titans_lm.models.lm.LMState``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -22,6 +29,7 @@ from jax.sharding import Mesh
 from titans_lm.models import build_model
 from titans_lm.nn.dtypes import cast_floats
 from titans_lm.train import sharding as shd
+from titans_lm.models.lm import continued
 from titans_lm.train.carry import model_state_shardings
 
 
@@ -67,22 +75,34 @@ class ModelFns:
         nnx.replace_by_pure_dict(state, params)
         return nnx.merge(self.graphdef, state, self.rest)
 
-    def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array,
-              state: Any = None):
-        """The model with ``params`` on int32 ``[B, T]`` inputs: ``logits_BTV`` (float32; float64
-        for a float64 model), or with a carried ``state`` (see :meth:`init_model_state`) the
-        stateful call's ``(logits_BTV, new_state)``."""
-        with nnx.use_eager_sharding(False):
-            out = self.module(params)(tokens_BT, segment_ids_BT, *(() if state is None else (state,)))
-        logits, new_state = (out, None) if state is None else out
-        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-        return logits if state is None else (logits, new_state)
-
-    def init_model_state(self, params: Any, batch_size: int) -> Any:
+    def init_state(self, params: Any, batch_size: int) -> Any:
         """``model.init_state(batch_size)`` of the model with ``params``: the state a stream of
-        ``batch_size`` rows starts from (``titans_lm.models.lm.LanguageModel.init_state``)."""
+        ``batch_size`` rows starts from (``titans_lm.models.lm.LanguageModel.init_state``;
+        marked fresh, see ``LMState.continued``). Pure and jit-compatible (``batch_size``
+        static)."""
         with nnx.use_eager_sharding(False):
             return self.module(params).init_state(int(batch_size))
+
+    def apply(self, params: Any, tokens_BT: jax.Array, segment_ids_BT: jax.Array,
+              state: Any) -> tuple[jax.Array, Any]:
+        """The model with ``params`` on int32 ``[B, T]`` inputs from ``state``
+        (:meth:`init_state` or what a previous call returned): ``(logits_BTV, new_state)``,
+        logits float32 (float64 for a float64 model). Pure and jit-compatible."""
+        with nnx.use_eager_sharding(False):
+            logits, new_state = self.module(params)(tokens_BT, segment_ids_BT, state)
+        return logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), new_state
+
+    def reset_memory(self, params: Any, state: Any, rows_B: jax.Array) -> Any:
+        """``state`` with every neural memory of the rows ``rows_B`` (bool [B]) reset to what a
+        document start restores with ``params`` (``LanguageModel.reset_memory``)."""
+        with nnx.use_eager_sharding(False):
+            return self.module(params).reset_memory(state, rows_B)
+
+    def memory_norms(self, params: Any, state: Any) -> tuple[jax.Array, ...]:
+        """Per neural memory, ``||P|| / ||W0||`` of the memory ``state`` holds
+        (``LanguageModel.memory_norms``, ``titans_lm.memory.stats``)."""
+        with nnx.use_eager_sharding(False):
+            return self.module(params).memory_norms(state)
 
     def abstract_params(self) -> Any:
         """Pure-dict tree of ``ShapeDtypeStruct`` for the parameters."""
@@ -142,18 +162,23 @@ class Carry:
     Attributes:
       batch_size: global batch rows B (0: no carried state, ``TrainState.model_state`` is None).
       compute_dtype: the dtype the parameters are cast to for the forward pass ("float32" or
-        "bfloat16"); the carried state is built with the parameters in that dtype.
+        "bfloat16"); the carried state is built with the parameters in that dtype
+        (:func:`initial_model_state`).
     """
     batch_size: int = 0
     compute_dtype: str = "float32"
 
-    def init_fn(self, fns: ModelFns):
-        """``params -> model.init_state(B)`` with the parameters cast to the compute dtype."""
-        dtype = jnp.dtype(self.compute_dtype)
-        return lambda params, b=self.batch_size: fns.init_model_state(cast_floats(params, dtype), b)
-
 
 NO_CARRY = Carry()
+
+
+def initial_model_state(fns: ModelFns, carry: Carry, params: Any, batch_size: int | None = None
+                        ) -> Any:
+    """``fns.init_state`` with the parameters cast to ``carry.compute_dtype``, for
+    ``batch_size`` rows (default ``carry.batch_size``), without the fresh mark
+    (``LMState.continued``): the carried state keeps one structure from step to step."""
+    b = carry.batch_size if batch_size is None else batch_size
+    return continued(fns.init_state(cast_floats(params, jnp.dtype(carry.compute_dtype)), b))
 
 
 def state_shardings(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh,
@@ -167,10 +192,9 @@ def state_shardings(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh,
     rep = shd.replicated(mesh)
     model_state = None
     if carry.batch_size:
-        init = carry.init_fn(fns)
         model_state = model_state_shardings(
-            lambda b: jax.eval_shape(functools.partial(init, b=b), abs_params), carry.batch_size,
-            mesh)
+            lambda b: jax.eval_shape(lambda p: initial_model_state(fns, carry, p, b), abs_params),
+            carry.batch_size, mesh)
     return TrainState(params=param_sh,
                       opt_state=_opt_state_shardings(abs_opt, abs_params, param_sh, mesh),
                       step=rep, rng=rep, model_state=model_state)
@@ -180,7 +204,8 @@ def abstract_state(fns: ModelFns, tx: optax.GradientTransformation, mesh: Mesh,
                    carry: Carry = NO_CARRY) -> TrainState:
     """``TrainState`` of ``ShapeDtypeStruct`` carrying the target shardings (a restore target)."""
     abs_params = fns.abstract_params()
-    model_state = (jax.eval_shape(carry.init_fn(fns), abs_params) if carry.batch_size else None)
+    model_state = (jax.eval_shape(lambda p: initial_model_state(fns, carry, p), abs_params)
+                   if carry.batch_size else None)
     shapes = TrainState(params=abs_params, opt_state=jax.eval_shape(tx.init, abs_params),
                         step=jax.ShapeDtypeStruct((), jnp.int32),
                         rng=jax.ShapeDtypeStruct((2,), jnp.uint32), model_state=model_state)
@@ -202,7 +227,7 @@ def init_state(model_cfg: ml_collections.ConfigDict, fns: ModelFns,
         if params is None:
             params = init_params(model_cfg, seed)
         key = jax.random.fold_in(jax.random.key(seed), 1)  # distinct from the init stream
-        model_state = carry.init_fn(fns)(params) if carry.batch_size else None
+        model_state = initial_model_state(fns, carry, params) if carry.batch_size else None
         return TrainState(params=params, opt_state=tx.init(params),
                           step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(key),
                           model_state=model_state)

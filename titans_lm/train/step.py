@@ -29,6 +29,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from titans_lm.memory import stats as memory_stats
+from titans_lm.models.lm import continued
 from titans_lm.models.remat import compiler_options
 from titans_lm.nn.dtypes import cast_floats
 from titans_lm.train import sharding as shd
@@ -63,10 +64,13 @@ def loss_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Arra
 
 
 def _nll_sum(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype
-             ) -> tuple[jax.Array, jax.Array]:
+             ) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+    """``(nll_sum, (n_tokens, state after the batch))`` from the initial state (stateless)."""
     inputs, targets, seg_in, weights = split_batch(batch)
-    logits = fns.apply(cast_floats(params, compute_dtype), inputs, seg_in)
-    return loss_sums(logits, targets, weights)
+    p = cast_floats(params, compute_dtype)
+    logits, state = fns.apply(p, inputs, seg_in, fns.init_state(p, inputs.shape[0]))
+    nll, n = loss_sums(logits, targets, weights)
+    return nll, (n, state)
 
 
 def carried_nll_sum(params: Any, model_state: Any, batch: Batch, fns: ModelFns,
@@ -80,7 +84,8 @@ def carried_nll_sum(params: Any, model_state: Any, batch: Batch, fns: ModelFns,
     """
     inputs, targets, seg_in, weights = split_batch(batch)
     p = cast_floats(params, compute_dtype)
-    fresh = fns.init_model_state(p, inputs.shape[0])
+    model_state = continued(model_state)
+    fresh = continued(fns.init_state(p, inputs.shape[0]))
     state_in = refresh(jax.lax.stop_gradient(model_state), fresh)
     logits, state_out = fns.apply(p, inputs, seg_in, state_in)
     nll, n = loss_sums(logits, targets, weights)
@@ -90,15 +95,17 @@ def carried_nll_sum(params: Any, model_state: Any, batch: Batch, fns: ModelFns,
 def _nll_sum_and_stats(params: Any, batch: Batch, fns: ModelFns, compute_dtype: jnp.dtype,
                        model_state: Any = None):
     """``(nll_sum, (n_tokens, memory stats, new model state))``: the memory layers' state norms
-    (``titans_lm.memory.stats``) ride along as auxiliary outputs, and with a carried
-    ``model_state`` the state after this batch (else None)."""
-    with memory_stats.collect() as st:
-        if model_state is None:
-            nll, n = _nll_sum(params, batch, fns, compute_dtype)
-            new_state = None
-        else:
-            nll, (n, new_state) = carried_nll_sum(params, model_state, batch, fns, compute_dtype)
-    return nll, (n, st.as_metrics(), new_state)
+    (``titans_lm.memory.stats``, computed from the state the call returns) ride along as
+    auxiliary outputs, and with a carried ``model_state`` the state after this batch (else
+    None)."""
+    if model_state is None:
+        nll, (n, state) = _nll_sum(params, batch, fns, compute_dtype)
+        new_state = None
+    else:
+        nll, (n, state) = carried_nll_sum(params, model_state, batch, fns, compute_dtype)
+        new_state = state
+    norms = fns.memory_norms(cast_floats(params, compute_dtype), state)
+    return nll, (n, memory_stats.as_metrics(norms), new_state)
 
 
 def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
@@ -163,7 +170,8 @@ def train_step(state: TrainState, batch: Batch, *, fns: ModelFns,
 
 def eval_step(params: Any, batch: Batch, *, fns: ModelFns) -> tuple[jax.Array, jax.Array]:
     """``(nll_sum, n_tokens)``: summed nll (nats, float32) and scored-token count of a batch."""
-    return _nll_sum(params, batch, fns, jnp.float32)
+    nll, (n, _) = _nll_sum(params, batch, fns, jnp.float32)
+    return nll, n
 
 
 def jit_train_step(fns: ModelFns, tx: optax.GradientTransformation, schedule: optax.Schedule,
