@@ -1,4 +1,4 @@
-"""impl="pallas" (titans_lm/memory/pallas_*.py) against impl="chunked".
+"""impl="pallas" (titans_lm/memory/pallas/) against impl="chunked".
 
 By default (CPU) the kernels run in Pallas' interpreters: the Triton kernel with interpret=True and
 the TPU kernel with pltpu.InterpretParams(). With TITANS_LM_PALLAS_INTERPRET=0 on a GPU or TPU
@@ -17,8 +17,8 @@ import pytest
 
 from titans_lm.memory import LinearMemory, MLPMemory, ResidualLN, memory_scan
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.memory.pallas_plan import KernelPlan, make_plan, resolve_backend
-from titans_lm.memory.pallas_scan import auto_choice, kernel_scan
+from titans_lm.memory.pallas.plan import KernelPlan, make_plan, resolve_backend
+from titans_lm.memory.pallas.scan import auto_choice, kernel_scan
 
 INTERPRET = os.environ.get("TITANS_LM_PALLAS_INTERPRET", "1") != "0"
 PLATFORM = jax.default_backend()

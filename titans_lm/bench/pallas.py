@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from titans_lm.bench.inputs import build_fns, make_inputs
 from titans_lm.bench.timing import Job, median_min, rounds
 from titans_lm.memory import LinearMemory, MLPMemory
-from titans_lm.memory.pallas_plan import make_plan, resolve_backend
+from titans_lm.memory.pallas.plan import make_plan, resolve_backend
 
 MODELS = {"mlp": MLPMemory(depth=2, expansion=4.0, activation="silu"), "linear": LinearMemory()}
 T_PRIORITY = (16384, 4096, 65536)

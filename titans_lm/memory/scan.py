@@ -31,10 +31,10 @@ from titans_lm.nn.segments import is_concrete
 IMPLEMENTATIONS: dict[str, str | Callable] = {
     "reference": "titans_lm.memory.reference:reference_scan",
     "chunked": "titans_lm.memory.chunked:chunked_scan",
-    # Pallas kernels (titans_lm/memory/pallas_*.py): "pallas" runs the fused kernel (interpreted on
+    # Pallas kernels (titans_lm/memory/pallas/): "pallas" runs the fused kernel (interpreted on
     # CPU); "auto" is "pallas" on GPU/TPU and "chunked" on CPU.
-    "pallas": "titans_lm.memory.pallas_scan:pallas_scan",
-    "auto": "titans_lm.memory.pallas_scan:auto_scan",
+    "pallas": "titans_lm.memory.pallas.scan:pallas_scan",
+    "auto": "titans_lm.memory.pallas.scan:auto_scan",
 }
 
 READ_MODES = ("after_write", "chunk_start")

@@ -62,12 +62,12 @@ ENGINE_RESULTS: tuple[tuple[str, str], ...] = (("reads", "row_head"), ("state", 
 
 def runs_kernel(impl: str, platform: str | None = None) -> bool:
     """Whether engine ``impl`` runs a Pallas kernel on ``platform`` (default: JAX's default
-    backend): "pallas" always, "auto" on GPU and TPU (``pallas_scan.auto_choice``)."""
+    backend): "pallas" always, "auto" on GPU and TPU (``pallas.scan.auto_choice``)."""
     if impl == "pallas":
         return True
     if impl == "auto":
         # deliberate: loads jax.experimental.pallas only when a kernel engine may run
-        from titans_lm.memory.pallas_scan import auto_choice
+        from titans_lm.memory.pallas.scan import auto_choice
         return auto_choice(platform or jax.default_backend()) == "pallas"
     return False
 

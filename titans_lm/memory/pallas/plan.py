@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from titans_lm.logs import warn_once
 from titans_lm.memory.inner_models import InnerModel, LinearMemory, MLPMemory
-from titans_lm.memory.pallas_chunk import KERNEL_ACTIVATIONS
+from titans_lm.memory.pallas.chunk import KERNEL_ACTIVATIONS
 
 logger = logging.getLogger("titans_lm.memory.pallas")
 
@@ -76,7 +76,7 @@ class KernelPlan:
       float32-accurate (:meth:`coefficient_precision`).
     num_warps: Triton warps per program.
     running_mean: TTT's running-mean reads (``memory_scan(running_mean=True)``).
-    log_keep: the forget-gate argument of :func:`~titans_lm.memory.pallas_scan.kernel_scan` is
+    log_keep: the forget-gate argument of :func:`~titans_lm.memory.pallas.scan.kernel_scan` is
       log(1 - alpha) (``memory_scan(log_keep=...)``), not alpha.
     """
 

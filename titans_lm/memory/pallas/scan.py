@@ -2,10 +2,10 @@
 
 ``pallas_scan`` is the ``impl="pallas"`` implementation of :func:`titans_lm.memory.memory_scan`
 (same contract, validated inputs). The forward pass is one Pallas kernel per call
-(:mod:`titans_lm.memory.pallas_triton` on GPUs, :mod:`titans_lm.memory.pallas_tpu` on TPUs, either
+(:mod:`titans_lm.memory.pallas.triton` on GPUs, :mod:`titans_lm.memory.pallas.tpu` on TPUs, either
 one in Pallas' interpreter on CPU) that computes, per chunk, the gradients at the chunk-start
 state, the gate matrices, the dual-form reads and the chunk-end parameters and momentum
-(:mod:`titans_lm.memory.pallas_chunk`).
+(:mod:`titans_lm.memory.pallas.chunk`).
 
 Gradients (``jax.custom_vjp``): the forward kernel also saves the state at the start of every group
 of ``chunks_per_checkpoint`` chunks. The backward pass is ``chunked``'s: the gate coefficients of
@@ -18,7 +18,7 @@ theta, eta, alpha, the initial state and the reset target equal ``chunked``'s (u
 of the saved states, which the kernel computes in float32). The backward pass is XLA code, not a
 kernel: forward + backward gains only the forward pass's share of the time.
 
-Problems outside the kernels' shapes (:mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log
+Problems outside the kernels' shapes (:mod:`titans_lm.memory.pallas.plan`) run ``chunked`` and log
 the reason once. A call with ``state_length`` (a carried memory's continued call) runs ``chunked``
 as well: the kernel returns the state after the last token only. ``auto_scan`` (``impl="auto"``) is ``pallas`` on GPU and TPU, ``chunked`` on CPU.
 
@@ -37,16 +37,16 @@ import numpy as np
 from titans_lm.memory.chunked import chunk_step_from_coefficients, chunked_scan, end_rows
 from titans_lm.memory.coefficients import chunk_coefficients, running_mean_scale, with_running_mean
 from titans_lm.memory.inner_models import InnerModel
-from titans_lm.memory.pallas_chunk import (GATE_ROWS, ROW_ETA, ROW_LOG_KEEP, ROW_READ_SCALE,
+from titans_lm.memory.pallas.chunk import (GATE_ROWS, ROW_ETA, ROW_LOG_KEEP, ROW_READ_SCALE,
                                            ROW_RESET, ROW_THETA)
-from titans_lm.memory.pallas_plan import KernelPlan, log_fallback, make_plan, resolve_backend
+from titans_lm.memory.pallas.plan import KernelPlan, log_fallback, make_plan, resolve_backend
 
 
 def _forward_fn(plan: KernelPlan):
     if plan.backend == "tpu":
-        from titans_lm.memory.pallas_tpu import tpu_forward  # deliberate: the plan's backend only
+        from titans_lm.memory.pallas.tpu import tpu_forward  # deliberate: the plan's backend only
         return tpu_forward
-    from titans_lm.memory.pallas_triton import triton_forward  # deliberate: the plan's backend only
+    from titans_lm.memory.pallas.triton import triton_forward  # deliberate: the plan's backend only
     return triton_forward
 
 
@@ -220,7 +220,7 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
       ValueError: for an unknown backend or precision, chunks_per_checkpoint < 1,
         interpret=False with a lowering this platform cannot compile, or "tf32x3" outside the
         compiled Triton kernel.
-    Unsupported problems (see :mod:`titans_lm.memory.pallas_plan`) run ``chunked`` and log why;
+    Unsupported problems (see :mod:`titans_lm.memory.pallas.plan`) run ``chunked`` and log why;
     so does a call with ``state_length`` (silently: it is the carried-state path by design).
     """
     if state_length is not None:

@@ -5,7 +5,7 @@ Layout: one kernel launch per call; the grid is (value-column blocks,) for the l
 owns one (sequence, head, column block). A program runs the whole sequence: a loop over
 checkpoint groups, each a loop over chunks. The memory state lives in the kernel's state outputs
 (global memory, L2-resident: the MLP state of a head is too big for registers), read, updated and
-written back chunk by chunk, tile by tile (:mod:`titans_lm.memory.pallas_chunk`); thread barriers
+written back chunk by chunk, tile by tile (:mod:`titans_lm.memory.pallas.chunk`); thread barriers
 (``debug_barrier``) separate the reads of one chunk from the writes that overwrite them. Per chunk
 only its keys, values, queries and gates are loaded and its reads stored, so the state never makes
 a round trip per chunk through a kernel boundary and there is one launch per call instead of one
@@ -33,8 +33,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from titans_lm.memory import pallas_chunk as pc
-from titans_lm.memory.pallas_plan import KernelPlan
+from titans_lm.memory.pallas import chunk as pc
+from titans_lm.memory.pallas.plan import KernelPlan
 
 
 def _kernel(plan: KernelPlan, save_states: bool, n_params: int, *refs):

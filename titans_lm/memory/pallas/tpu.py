@@ -13,7 +13,7 @@ first chunk. The whole state is one VMEM block (a 2-layer MLP with d = 128 and h
 A reset (document start) at a chunk is applied with a vector select (the flag is a [1, 1] vector
 loaded with the gates), which avoids scalar memory and keeps vmap over batch and heads plain.
 
-Inputs and outputs are those of :func:`titans_lm.memory.pallas_triton.triton_forward`.
+Inputs and outputs are those of :func:`titans_lm.memory.pallas.triton.triton_forward`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from titans_lm.memory import pallas_chunk as pc
-from titans_lm.memory.pallas_plan import KernelPlan
+from titans_lm.memory.pallas import chunk as pc
+from titans_lm.memory.pallas.plan import KernelPlan
 
 # Scoped VMEM the kernel may use before it asks for more (the TPU default is 16-32 MiB).
 _DEFAULT_VMEM_BYTES = 12 * 2 ** 20
@@ -84,7 +84,7 @@ def tpu_forward(plan: KernelPlan, k, v, q, gate_rows, gate_cols, params0, moment
                 *, save_states: bool):
     """Run the forward kernel (Pallas TPU, or the TPU interpreter when ``plan.interpret``).
 
-    Arguments and results as :func:`titans_lm.memory.pallas_triton.triton_forward`.
+    Arguments and results as :func:`titans_lm.memory.pallas.triton.triton_forward`.
     """
     cdt = jnp.dtype(plan.compute_dtype)
     n = len(params0)
