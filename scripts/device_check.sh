@@ -84,7 +84,7 @@ export JAX_PLATFORMS=cuda TITANS_LM_PALLAS_INTERPRET=0
 
 # ---------------------------------------------------------------------------------- 2. tests
 log "kernel tests, compiled for the GPU"
-timeout $(( $(left) > 260 ? 130 : $(left) / 2 )) "$PY" -m pytest tests/test_memory_pallas.py -v \
+timeout $(( $(left) > 260 ? 130 : $(left) / 2 )) "$PY" -m pytest tests/memory/test_pallas.py -v \
   -p no:cacheprovider --durations=10 --junitxml="$OUT_DIR/tests.xml" 2>&1 \
   | tee "$OUT_DIR/tests.log" | grep -E "PASS|FAIL|ERROR|SKIP|passed|failed|s call" | tail -45
 log "tests exit status ${PIPESTATUS[0]}"

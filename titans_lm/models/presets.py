@@ -132,7 +132,7 @@ def titans_config(name: str, size: str, paper_shapes: dict, *,
     decay, per-token gates, short convolution, output gate, head_dim 64, chunk 16, theta below
     0.0005); tiny = the tiny Transformer++ shape and run (:func:`set_tiny_run`) with 4 persistent
     tokens; the paper sizes use the Titans run (:func:`set_paper_run`) with 16 persistent tokens
-    and the widths/depths of ``paper_shapes`` (tests/test_backbones_params.py keeps each within
+    and the widths/depths of ``paper_shapes`` (tests/models/test_backbones_params.py keeps each within
     10% of its name). Ablation switches (Titans table 5): ``model.memory.{use_momentum, use_decay,
     use_conv, memory_depth, chunk_size}`` and ``model.n_persistent`` (0 = none).
 

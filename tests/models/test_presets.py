@@ -1,0 +1,49 @@
+"""The memory backbones' config builders: the memory section mirrors MemoryConfig, the Titans
+memory, backbone_config at tiny and paper sizes. (The run presets: tests/config/test_presets.py.)"""
+
+import dataclasses
+
+import pytest
+
+from titans_lm.config.presets import PAPER_SIZES
+from titans_lm.memory.config import MemoryConfig
+from titans_lm.models.presets import (TITANS_MEMORY, backbone_config, memory_section,
+                                      titans_config, titans_memory_section)
+
+
+def test_memory_section_has_every_switch():
+    s = memory_section(head_dim=64, use_decay=False)
+    want = {f.name for f in dataclasses.fields(MemoryConfig)} - {"d_model", "dtype", "param_dtype"}
+    assert set(s.keys()) == want
+    assert s.n_heads == 0 and s.head_dim == 64 and s.use_decay is False
+    assert s.chunk_size == MemoryConfig.chunk_size
+    with pytest.raises(ValueError, match="unknown memory field"):
+        memory_section(dtype="float32")
+    t = titans_memory_section(chunk_size=8)
+    assert t.chunk_size == 8 and t.theta_max == TITANS_MEMORY["theta_max"]
+    assert t.use_momentum and t.use_decay and t.use_conv and t.memory_depth == 2
+
+
+def test_backbone_config_builds_tiny_and_paper_sizes():
+    shapes = {s: (512 + i, 2 + i, 1024 + i) for i, s in enumerate(PAPER_SIZES)}
+    memory = memory_section(head_dim=32)
+    tiny = backbone_config("lmm", "", shapes, memory)
+    m = tiny.model
+    assert (m.name, m.size, m.d_model, m.n_layers, m.d_ff) == ("lmm", "tiny", 256, 4, 688)
+    assert "n_heads" not in m and "n_persistent" not in m
+    assert m.memory.head_dim == 32 and tiny.train.batch_size == 8
+    big = backbone_config("lmm", "340m", shapes, memory, n_persistent=(4, 16))
+    assert (big.model.d_model, big.model.n_layers, big.model.d_ff) == shapes["340m"]
+    assert big.model.n_persistent == 16
+    assert big.data.seq_len == 4096 and big.model.dtype == "bfloat16"
+    with pytest.raises(ValueError, match="unknown lmm size '1b'"):
+        backbone_config("lmm", "1b", shapes, memory)
+
+
+def test_titans_config_uses_the_titans_memory():
+    shapes = {s: (768, 12, 12, 2048) for s in PAPER_SIZES}
+    c = titans_config("mag", "tiny", shapes)
+    assert c.model.n_heads == 4 and c.model.n_persistent == 4
+    assert c.model.memory.eta_max == 0.9
+    assert c.model.memory.to_dict() == titans_memory_section().to_dict()
+    assert titans_config("mag", "170m", shapes).model.n_persistent == 16
