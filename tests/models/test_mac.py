@@ -162,7 +162,8 @@ def _run_calls(name, x, cuts):
     return jnp.concatenate(ys, axis=1), state
 
 
-@pytest.mark.parametrize("name", ["mac", "segment_attention"])
+# MAC itself: tests/models/test_stateful.py (split calls, decode); here the segment attention alone.
+@pytest.mark.parametrize("name", ["segment_attention"])
 def test_split_calls_and_token_by_token_equal_one_call(name):
     """Splits inside a chunk (3), at a chunk start inside a segment (4, 12), at segment starts
     (8, 16), inside a segment (13, 21), all in one stream; calls that span segment starts and a

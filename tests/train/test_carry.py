@@ -56,7 +56,7 @@ def _window(batch: dict, i: int) -> dict:
 def models():
     out = {}
     with jax.enable_x64(True):
-        for name in ("transformer", "lmm", "mac", "mag"):
+        for name in ("transformer", "lmm"):
             fns = model_fns(_model_cfg(name))
             params = init_params(_model_cfg(name), 3)
             out[name] = (fns, params)
@@ -74,7 +74,9 @@ def _CARRIED(params, state, batch, fns, dtype):
     return _JITTED[key](params, state, batch)
 
 
-@pytest.mark.parametrize("name", ["transformer", "lmm", "mac", "mag"])
+# The step's carry is the same for every backbone (each backbone's split calls equal one call:
+# tests/models/test_stateful.py): one attention and one memory backbone.
+@pytest.mark.parametrize("name", ["transformer", "lmm"])
 def test_two_carried_windows_equal_one_forward_over_both(models, name):
     fns, params = models[name]
     with jax.enable_x64(True):
@@ -93,7 +95,7 @@ def test_two_carried_windows_equal_one_forward_over_both(models, name):
         assert abs(float(nll2_fresh) - float(nll2)) > 1e-6
 
 
-@pytest.mark.parametrize("name", ["lmm", "mag"])
+@pytest.mark.parametrize("name", ["lmm"])
 def test_a_new_document_starts_from_the_current_parameters(models, name):
     """A state carried from parameters A, then a step with parameters B whose window starts a new
     document (token 0) or holds one starting inside it: the new document's loss and gradient are
