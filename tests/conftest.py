@@ -43,6 +43,20 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """``(root, cfg)``: one finished 6-step tiny Transformer++ run in ``root / "run"`` (checkpoints
+    at steps 3 and 6; the config of ``tests/_tiny_run.py``, data cache in ``root / "cache"``),
+    trained once per worker for the tests that read a finished run (checkpoint faults, evaluation).
+    A test that changes the run copies it first (``shutil.copytree``)."""
+    from _tiny_run import tiny_config  # only for the tests that use the run
+    from titans_lm.train.loop import train  # only for the tests that use the run
+    root = tmp_path_factory.mktemp("tiny_run")
+    cfg = tiny_config(root / "cache")
+    train(cfg, root / "run", progress=False, log=lambda m: None)
+    return root, cfg
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs_after_each_module():
     yield

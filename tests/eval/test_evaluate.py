@@ -2,28 +2,28 @@
 
 import json
 import math
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _tiny_run import tiny_config
 from titans_lm.config import BOS_ID, PAD_ID
 from titans_lm.data.corpora import load_documents
 from titans_lm.data.prepare import prepare
 from titans_lm.eval.evaluate import evaluate
 from titans_lm.train.checkpoint import Checkpointer
-from titans_lm.train.loop import train
 from titans_lm.train.state import model_fns
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval")
-    cfg = tiny_config(root / "cache", train__steps=3, train__eval_every=100)
-    train(cfg, root / "run", progress=False)
-    return cfg, root / "run"
+def run(tiny_run, tmp_path_factory):
+    """A copy of the suite's finished 6-step tiny run (evaluation writes its results into it)."""
+    root, cfg = tiny_run
+    workdir = tmp_path_factory.mktemp("eval") / "run"
+    shutil.copytree(root / "run", workdir)
+    return cfg, workdir
 
 
 def _log_softmax64(logits):
@@ -60,7 +60,7 @@ def test_evaluate_matches_direct_computation(run):
     with Checkpointer(workdir, read_only=True) as ck:
         abstract = fns.abstract_params()
         params, step = ck.restore_params(abstract)
-    assert step == 3
+    assert step == 6
     apply = jax.jit(lambda p, x, s: fns.apply(p, x, s, fns.init_state(p, x.shape[0]))[0])
     train_tokens = np.asarray(prep.stores["train"].tokens)
     counts = np.bincount(train_tokens, minlength=cfg.model.vocab_size).astype(np.float64)
@@ -80,7 +80,7 @@ def test_evaluate_matches_direct_computation(run):
             words += len(d.text.split())
             nbytes += len(d.text.encode("utf-8"))
         r = results[name]
-        assert r["n_docs"] == len(docs) and r["step"] == 3
+        assert r["n_docs"] == len(docs) and r["step"] == 6
         m = r["model"]
         assert m["n_tokens"] == n_tok and m["n_words"] == words and m["n_bytes"] == nbytes
         np.testing.assert_allclose(m["nll_nats"], nll, rtol=2e-6)
@@ -98,5 +98,5 @@ def test_table_lists_each_dataset(run):
     lines = []
     evaluate(workdir, wikitext=False, log=lines.append, progress=False)
     table = "\n".join(lines)
-    assert "checkpoint step 3" in table and "tinyshakespeare-test" in table
+    assert "checkpoint step 6" in table and "tinyshakespeare-test" in table
     assert "wikitext2-test" not in table

@@ -23,13 +23,10 @@ from titans_lm.train.state import abstract_state, model_fns
 MESH1 = {"data": 1, "fsdp": 1, "tensor": 1}
 
 
-@pytest.fixture(scope="module")
-def run6(tmp_path_factory):
-    """A finished 6-step tiny run with checkpoints at steps 3 and 6."""
-    root = tmp_path_factory.mktemp("faults")
-    cfg = tiny_config(root / "cache", mesh__data=1)
-    train(cfg, root / "run", progress=False, log=lambda m: None)
-    return root, cfg
+@pytest.fixture
+def run6(tiny_run):
+    """The suite's finished 6-step tiny run (checkpoints at steps 3 and 6; tests/conftest.py)."""
+    return tiny_run
 
 
 def _copy(run6, tmp_path):
