@@ -45,7 +45,7 @@ def test_coefficients_reproduce_recurrence(b):
 
 
 def test_design_scalar_example():
-    # DESIGN.md sec. 2 / seed 000 sec. 5.2: P0=2, S0=0.2, G=-0.4, eta=0.5, theta=0.1, alpha=0.1.
+    # docs/design.md#a-scalar-check: P0=2, S0=0.2, G=-0.4, eta=0.5, theta=0.1, alpha=0.1.
     with jax.enable_x64(True):
         c = chunk_coefficients(jnp.array([0.1]), jnp.array([0.5]), jnp.array([0.1]))
         S1 = c.E0[0] * 0.2 - c.M[0, 0] * -0.4

@@ -79,7 +79,7 @@ def test_seed000_online_versus_shared_chunk_start(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_momentum_and_decay_scalar_example(impl):
-    # DESIGN.md sec. 2, seed 000 sec. 5.2: P0 = 2, S0 = 0.2, G = -0.4 -> S1 = 0.14, P1 = 1.94.
+    # docs/design.md#a-scalar-check: P0 = 2, S0 = 0.2, G = -0.4 -> S1 = 0.14, P1 = 1.94.
     # G = 2 k (k P0 - v) = -0.4 with k = 1 needs v = 2.2.
     with jax.enable_x64(True):
         _, (P,), (S,) = run(impl, [[[2.0]]], [[1.0]], [[2.2]], [[1.0]], [0.1], [0.5], [0.1],

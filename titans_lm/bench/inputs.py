@@ -1,6 +1,7 @@
-"""Inputs and functions shared by the memory-engine benchmarks (``benchmark_memory.py``,
-``benchmark_pallas.py``): random unit keys/queries, normal values and gates for ``memory_scan``,
-and the batched forward / forward+backward functions that the benchmarks compile and time."""
+"""Inputs and functions shared by the memory-engine benchmarks (``scripts/benchmark.py engine``
+and ``scripts/benchmark.py pallas``: :mod:`titans_lm.bench.engine`, :mod:`titans_lm.bench.pallas`):
+random unit keys/queries, normal values and gates for ``memory_scan``, and the batched forward /
+forward+backward functions that the benchmarks compile and time."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ signal d_s = dl_s/dz_s, both at P0. A read r_i through that layer at the state a
     r_i W_i = B_i (r_i W0) + A_i (r_i S0) - sum_s C_{i,s} (r_i . u_s) d_s
     R W     = B * (R W0) + A * (R S0) - (C * (R U^T)) D          (matmuls only)
 
-(DESIGN.md sec. 2; TTT's dual form, arXiv:2407.04620 sec. 2.5 and appendix A), applied layer by
+(docs/design.md#the-chunked-dual-form; TTT's dual form, arXiv:2407.04620 sec. 2.5 and appendix A), applied layer by
 layer with the read's own activations, so depth-L MLPs are exact as well. Vector parameters
 (biases, LayerNorm scale and shift) are small and are materialised per token. No per-token weight
 matrix is ever formed. The chunk-end state is one matmul per weight: P_b = B_b P0 + A_b S0 -

@@ -5,7 +5,7 @@ G_s = grad l(P0; k_s, v_s) taken at P0 (mini-batch gradient descent, Titans eqs.
 
     S_i = eta_i S_{i-1} - theta_i G_i,          P_i = (1 - alpha_i) P_{i-1} + S_i
 
-unrolls to (DESIGN.md sec. 2; seeds 001 sec. 4.3, 002):
+unrolls to (docs/design.md#the-chunked-dual-form):
 
     S_i = E_{i,0} S0 - sum_{s<=i} theta_s E_{i,s} G_s
     P_i = B_i P0 + A_i S0 - sum_{s<=i} C_{i,s} G_s

@@ -1,6 +1,6 @@
 """NeuralMemory: the Titans long-term memory as a Flax NNX layer (also TTT-Linear / TTT-MLP).
 
-Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; DESIGN.md sec. 2):
+Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; docs/design.md#the-inner-loop):
 
     q, k, v = x W_Q, x W_K, x W_V                      [D] -> [H, head_dim]
     (optional) causal depthwise conv (kernel 4, restarting at document starts), then SiLU

@@ -1,6 +1,6 @@
 """The memory engine's one entry point: validate inputs, then dispatch to an implementation.
 
-All implementations share one contract (DESIGN.md sec. 2) and agree to ~1e-10 in float64 on the
+All implementations share one contract (docs/design.md#implementations-one-contract) and agree to ~1e-10 in float64 on the
 reads, the final state and every gradient. Adding one is one line in ``IMPLEMENTATIONS``
 (``"name": "module.path:function"``, imported lazily on first use) or a call to
 :func:`register_implementation`. An implementation is called as

@@ -1,9 +1,9 @@
 """The memory engine per shard of the device mesh: ``jax.shard_map`` over batch rows and heads.
 
-The engine is independent per (batch row, head) (DESIGN.md sec. 2: "vmap over batch and heads
-outside"), so a mesh that splits the batch over ``data`` x ``fsdp`` and the memory heads over
-``tensor`` (``titans_lm.nn.axes``: ``BATCH_AXES`` and the ``heads`` rule) can run it on
-each device's own rows and heads with no communication. That matters for the Pallas kernels
+The engine is independent per (batch row, head) (the layer vmaps it over the batch x head rows;
+docs/design.md#implementations-one-contract), so a mesh that splits the batch over ``data`` x
+``fsdp`` and the memory heads over ``tensor`` (``titans_lm.nn.axes``: ``BATCH_AXES`` and the
+``heads`` rule) can run it on each device's own rows and heads with no communication. That matters for the Pallas kernels
 (``impl="pallas"``, and ``"auto"`` where it picks them): a compiled ``pallas_call`` is a custom
 call that XLA's SPMD partitioner cannot split, so under plain ``jax.jit`` with sharded inputs the
 compiler gathers the whole batch and every head onto each device and runs the full kernel there

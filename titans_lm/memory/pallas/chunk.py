@@ -1,7 +1,7 @@
 """In-kernel math of one chunk of the memory recurrence, shared by the Pallas kernels (GPU and TPU).
 
 Everything here runs inside a Pallas kernel body on values and refs of one chunk of b tokens and
-one head. It is the dual form of :mod:`titans_lm.memory.chunked` (DESIGN.md sec. 2; Titans
+one head. It is the dual form of :mod:`titans_lm.memory.chunked` (docs/design.md#the-chunked-dual-form; Titans
 arXiv:2501.00663 eqs. 13-14 with mini-batch size b; TTT arXiv:2407.04620 sec. 2.5), written with
 only the operations both Pallas lowerings (Triton, Mosaic TPU) support: 2-D matmuls
 (``lax.dot_general``), iota, elementwise math, ``where`` and row/column sums. No transposes
