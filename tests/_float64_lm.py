@@ -13,8 +13,9 @@ def _load(name):
     return load(REPO / "configs" / f"{name}.py", "tiny").model
 
 
-def float64_lm(name, **changes):
-    """``(fns, params)`` of ``configs/<name>.py:tiny`` at the test size, in float64."""
+def float64_lm(name, memory_changes=None, **changes):
+    """``(fns, params)`` of ``configs/<name>.py:tiny`` at the test size, in float64; ``changes``
+    set model fields, ``memory_changes`` fields of ``model.memory``."""
     m = _load(name)
     m.vocab_size, m.d_model, m.n_layers, m.d_ff = VOCAB, 32, 2, 64
     m.dtype = m.param_dtype = "float64"
@@ -24,6 +25,8 @@ def float64_lm(name, **changes):
         m.memory.head_dim = 16
         if "chunk_size" in m.memory:
             m.memory.chunk_size = 8
+        for k, v in (memory_changes or {}).items():
+            m.memory[k] = v
     if "window" in m and name != "transformer":
         m.window = 8
     for k, v in changes.items():

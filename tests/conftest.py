@@ -43,6 +43,14 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 
+@pytest.fixture
+def x64():
+    """float64 enabled for the test (``jax_enable_x64``), restored afterwards."""
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """``(root, cfg)``: one finished 6-step tiny Transformer++ run in ``root / "run"`` (checkpoints

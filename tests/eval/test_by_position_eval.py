@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from _documents import random_docs
-from _tiny_run import REPO, tiny_config
-from titans_lm.config import load
+from _float64_lm import float64_lm
+from _tiny_run import tiny_config
 from titans_lm.eval.ablation import ablate_memory, ablation_summary, format_ablation
 from titans_lm.eval.by_position import loss_by_position
 from titans_lm.eval.by_position_eval import (carry_losses, evaluate_by_position,
@@ -21,17 +21,11 @@ from titans_lm.eval.streaming import make_carry_step, score_documents_carry
 from titans_lm.memory.carried import MemoryState
 from titans_lm.models.mac import MACState
 from titans_lm.train import sharding as shd
-from titans_lm.train.state import init_params, model_fns
 
 T = 16
 VOCAB = 64
 
 
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
 
 
 def _docs(lengths, seed=0):
@@ -39,24 +33,9 @@ def _docs(lengths, seed=0):
 
 
 def _model(name, **changes):
-    m = load(REPO / "configs" / f"{name}.py", "tiny").model
-    m.vocab_size, m.d_model, m.n_layers, m.d_ff = VOCAB, 32, 2, 64
-    m.dtype = m.param_dtype = "float64"
-    if "n_heads" in m:
-        m.n_heads = 2
-    if "memory" in m:
-        m.memory.head_dim = 16
-        m.memory.chunk_size = 8
-        # a memory that writes enough to matter and stays in its stable range: at theta_max 0.5
-        # the MLP memories' weights grew past 1e20 within 3 windows, and MAG's reads overflowed
-        m.memory.theta_max = 0.05
-    if "window" in m and name != "transformer":
-        m.window = 8
-    for k, v in changes.items():
-        m[k] = v
-    fns = model_fns(m)
-    params = init_params(m, 0)
-    return fns, params
+    # a memory that writes enough to matter and stays in its stable range: at theta_max 0.5
+    # the MLP memories' weights grew past 1e20 within 3 windows, and MAG's reads overflowed
+    return float64_lm(name, memory_changes={"theta_max": 0.05}, **changes)
 
 
 def _mesh():

@@ -2,7 +2,6 @@
 windows against reset windows and one long forward (float64 models)."""
 
 
-import jax
 import numpy as np
 import pytest
 
@@ -14,15 +13,12 @@ from titans_lm.eval.streaming import (assign_rows, make_carry_step,
 from titans_lm.data.windows import num_windows
 from titans_lm.train import sharding as shd
 
+pytestmark = pytest.mark.usefixtures("x64")  # float64 models (tests/conftest.py)
+
 T = 16
 VOCAB = 64
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
 
 
 def _docs(lengths, seed=0):

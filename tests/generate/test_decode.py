@@ -1,7 +1,6 @@
 """Prefill + token-by-token decoding with the carried state equals one parallel forward, and a
 batch of prompts of different lengths decodes each row as if alone (float64 models)."""
 
-import jax
 import numpy as np
 import pytest
 
@@ -10,6 +9,8 @@ from titans_lm.config import BOS_ID
 from titans_lm.generate.decode import Decoder, generate, pad_prompts
 from titans_lm.generate.sampling import SamplingConfig
 
+pytestmark = pytest.mark.usefixtures("x64")  # float64 models (tests/conftest.py)
+
 # One attention and one memory backbone: the loop is the same for all (every backbone's decode
 # == parallel forward is tests/models/test_stateful.py's).
 # (The LMM cases compile the chunked memory for several prompt lengths: marked slow.)
@@ -17,11 +18,6 @@ BACKBONES = [pytest.param("transformer", {"max_context": 64}, id="transformer"),
              pytest.param("lmm", {}, id="lmm", marks=pytest.mark.slow)]
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
 
 
 def _prompt(n, seed):
