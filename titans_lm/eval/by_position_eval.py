@@ -104,12 +104,6 @@ def stream_position_batches(docs_tokens: Sequence[np.ndarray], *, seq_len: int, 
         yield batch, window, positions
 
 
-def _put(batch, mesh):
-    local = {k: np.array_split(v, jax.process_count())[jax.process_index()]
-             for k, v in batch.items()}
-    return shd.put_batch(local, mesh)
-
-
 def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
                  docs_tokens: Sequence[np.ndarray], *, seq_len: int, batch_size: int, mesh,
                  ablate_at: int | None = None, baseline_of_ablation: bool = False,
@@ -138,7 +132,7 @@ def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
             if w_abl is not None or baseline_of_ablation:
                 batch = {**batch, "ablate": (np.zeros(window.shape, bool) if w_abl is None
                                              else window == w_abl)}
-            nll, w, state = step_fn(params, state, _put(batch, mesh))
+            nll, w, state = step_fn(params, state, shd.put_global_batch(batch, mesh))
             w = np.asarray(w)
             losses.append(np.asarray(nll, np.float64)[w])
             positions.append(pos[w])
@@ -176,7 +170,7 @@ def reset_losses(loss_fn: Callable, params: Any, docs_tokens: Sequence[np.ndarra
         tok = np.stack([r[0] for r in chunk] + [np.zeros(seq_len + 1, np.int32)] * pad)
         seg = np.stack([r[1] for r in chunk] + [np.zeros(seq_len + 1, np.int32)] * pad)
         pos = np.stack([r[2] for r in chunk] + [np.zeros(seq_len, np.int64)] * pad)
-        nll, w = loss_fn(params, _put({"tokens": tok, "segment_ids": seg}, mesh))
+        nll, w = loss_fn(params, shd.put_global_batch({"tokens": tok, "segment_ids": seg}, mesh))
         w = np.asarray(w)
         losses.append(np.asarray(nll, np.float64)[w])
         positions.append(pos[w])

@@ -165,9 +165,7 @@ def score_documents_carry(init_fn: Callable, step_fn: Callable, params: Any,
     with tqdm(total=n_steps, disable=not (progress and sys.stderr.isatty()), desc=desc,
               unit="window", leave=False, dynamic_ncols=True) as bar:
         for batch in stream_batches(docs_tokens, seq_len=seq_len, n_rows=n_rows):
-            local = {k: np.array_split(v, jax.process_count())[jax.process_index()]
-                     for k, v in batch.items()}
-            a, c, state = step_fn(params, state, shd.put_batch(local, mesh))
+            a, c, state = step_fn(params, state, shd.put_global_batch(batch, mesh))
             nll += float(a)
             n_tok += int(c)
             bar.update(1)
