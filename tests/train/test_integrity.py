@@ -20,6 +20,8 @@ from titans_lm.train.loop import train
 from titans_lm.train.optimizer import make_optimizer
 from titans_lm.train.state import abstract_state, model_fns
 
+pytestmark = pytest.mark.e2e
+
 MESH1 = {"data": 1, "fsdp": 1, "tensor": 1}
 
 
@@ -157,8 +159,6 @@ async def finalize(self):
     return await _finalize(self)
 atomicity.AtomicRenameTemporaryPath.finalize = finalize
 from titans_lm.cli import main
-
-pytestmark = pytest.mark.e2e
 sys.exit(main(["titans-lm"] + sys.argv[1:]))
 """
 
