@@ -7,12 +7,12 @@ it, never from a later one):
     1  nn                         layers shared by every backbone (and the sharding table, nn.axes)
     2  memory                     the test-time memory engine
     3  models                     backbones
-    5  data                       corpora, tokenizer, token stores, pipelines, windows, synthetic tasks
-    6  train                      train state, step, sharding, checkpoints, the loop (may import data;
+    4  data                       corpora, tokenizer, token stores, pipelines, windows, synthetic tasks
+    5  train                      train state, step, sharding, checkpoints, the loop (may import data;
                                   data never imports train: one layer, one direction)
-    7  eval                       perplexity, carry mode, tasks, run restore
-    8  generate                   decoding
-    9  cli, bench                 the command line; benchmarks, probes and sweeps (scripts/ use them)
+    6  eval                       perplexity, carry mode, tasks, run restore
+    7  generate                   decoding
+    8  cli, bench                 the command line; benchmarks, probes and sweeps (scripts/ use them)
 
 What is checked, by walking the syntax trees of ``titans_lm/**.py`` (nothing is imported):
 
@@ -44,12 +44,12 @@ LAYERS: dict[str, int] = {
     "titans_lm.nn": 1,
     "titans_lm.memory": 2,
     "titans_lm.models": 3,
-    "titans_lm.data": 5,
-    "titans_lm.train": 6,
-    "titans_lm.eval": 7,
-    "titans_lm.generate": 8,
-    "titans_lm.cli": 9,
-    "titans_lm.bench": 9,
+    "titans_lm.data": 4,
+    "titans_lm.train": 5,
+    "titans_lm.eval": 6,
+    "titans_lm.generate": 7,
+    "titans_lm.cli": 8,
+    "titans_lm.bench": 8,
 }
 
 # Imports that run up a layer today and are on their way out: (importer, imported). The test
