@@ -73,10 +73,11 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from titans_lm.bench.output import emit, pyplot  # noqa: E402
+from titans_lm.bench.output import emit  # noqa: E402
 from titans_lm.bench.timing import (Job, lower_and_compile, matmul_rates, max_rss_bytes,  # noqa: E402
                                     peak_job, ratios, rounds, xla_flops)
 from titans_lm.config import load  # noqa: E402
+from titans_lm.train.plot import pyplot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")

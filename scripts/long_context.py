@@ -40,7 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from titans_lm.bench import sweep  # noqa: E402
-from titans_lm.bench.output import heat_map, write_json  # noqa: E402
+from titans_lm.bench.output import write_json  # noqa: E402
+from titans_lm.train.plot import heat_map  # noqa: E402
 from titans_lm.eval.tasks import CONTEXTS  # noqa: E402  (numpy only; jax loads on first use)
 
 BACKBONES = ("transformer", "swa", "ttt_linear", "lmm", "mac", "mag", "mal")

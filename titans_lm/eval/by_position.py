@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from titans_lm.train.plot import pyplot, save_figure
+
 
 def bucket_edges(max_position: int) -> np.ndarray:
     """int64[k+1]: ``0, 1, 2, 4, ..., 2^(k-1), 2^k`` with ``2^k > max_position`` (so every
@@ -125,11 +127,7 @@ def plot_by_position(runs: Mapping[str, Mapping[str, Any]], path: str | Path,
                      title: str = "loss by position") -> Path:
     """One curve per run: mean loss (nats) of each non-empty bucket against the bucket's
     geometric middle position, log-scaled x. Writes a PNG at ``path``."""
-    import matplotlib  # deliberate: a heavy import, loaded only to draw
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deliberate: as above
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = pyplot().subplots(figsize=(6.4, 4.0))
     for label, r in runs.items():
         e = np.asarray(r["edges"], np.float64)
         mid = np.sqrt(np.maximum(e[:-1], 0.5) * np.maximum(e[1:] - 1, 0.5))
@@ -142,11 +140,7 @@ def plot_by_position(runs: Mapping[str, Mapping[str, Any]], path: str | Path,
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_runs(paths: Sequence[str | Path], out: str | Path,

@@ -33,7 +33,6 @@ Outputs of :func:`evaluate_task`: ``<workdir>/task_<context>.json`` (one record 
 from __future__ import annotations
 
 import json
-import math
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,6 +47,7 @@ from titans_lm.data.tasks import eval_settings, task_rows, task_spec
 from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import stream_init_fn
 from titans_lm.train.checkpoint import Checkpointer, CheckpointError
+from titans_lm.train.plot import heat_map
 from titans_lm.train.state import model_fns
 
 Predict = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -188,31 +188,12 @@ def format_task_table(records: Sequence[dict], metric: str = "token_acc", title:
 def plot_task_heatmap(records: Sequence[dict], path: str | Path, metric: str = "token_acc",
                       title: str = "") -> Path:
     """A PNG heat map of ``metric`` in % (S-NIAH: depth x length; MQAR: one row by length)."""
-    import matplotlib  # deliberate: a heavy import, loaded only to draw
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deliberate: as above
-
     rows, cols, cell = _grid(records)
     grid = np.full((len(rows), len(cols)), np.nan)
     for (r, c), rec in cell.items():
         grid[rows.index(r), cols.index(c)] = 100.0 * rec[metric]
-    fig, ax = plt.subplots(figsize=(2.0 + 1.3 * len(cols), 1.2 + 0.45 * len(rows)))
-    im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(cols)), cols, fontsize=8)
-    ax.set_yticks(range(len(rows)), rows, fontsize=8)
-    ax.set_xlabel("sequence length (tokens)")
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            if not math.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.0f}" if grid[i, j] >= 10 else f"{grid[i, j]:.1f}", ha="center", va="center",
-                        color="white" if grid[i, j] < 60 else "black", fontsize=8)
-    fig.colorbar(im, ax=ax, label=f"{metric} (%)")
-    ax.set_title(title, fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return heat_map(path, grid, rows, cols, title, xlabel="sequence length (tokens)",
+                    colorbar_label=f"{metric} (%)")
 
 
 # ---------------------------------------------------------------------------------- evaluation

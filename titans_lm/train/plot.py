@@ -4,6 +4,10 @@ Reads each run's ``<workdir>/metrics.jsonl`` (``titans_lm.train.writers``) and d
 matplotlib (the non-interactive Agg backend: no display needed), two panels over the step:
 train loss (solid line) and validation loss (dots joined by a dashed line) in nats per token,
 and train throughput in tokens per second. Each run is one colour, labelled by its workdir name.
+
+The drawing helpers every figure of the package uses live here too (:func:`pyplot`,
+:func:`save_figure`, :func:`heat_map`): the evaluation's plots and the benchmarks' heat maps
+call them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,52 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from titans_lm.train.writers import read_metrics
+
+
+def pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend (no display needed)."""
+    import matplotlib  # deliberate: a heavy import, loaded only to draw
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deliberate: as above
+    return plt
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out ``fig``, save it as a PNG at ``path`` (parent folders created), close it and
+    return the path."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def heat_map(path: str | Path, grid, row_labels: Sequence[str], col_labels: Sequence[str],
+             title: str, *, vmin: float = 0, vmax: float = 100, xlabel: str = "",
+             colorbar_label: str = "") -> Path:
+    """A heat map of ``grid`` [rows, cols] (NaN: an empty cell) with each value written in its
+    cell, saved as a PNG at ``path``."""
+    plt = pyplot()
+    grid = np.asarray(grid, float)
+    fig, ax = plt.subplots(figsize=(2.5 + 0.9 * len(col_labels), 1.0 + 0.45 * len(row_labels)))
+    im = ax.imshow(grid, vmin=vmin, vmax=vmax, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(col_labels)), col_labels, fontsize=7, rotation=30)
+    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=8)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    for i in range(len(row_labels)):
+        for j in range(len(col_labels)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.0f}" if grid[i, j] >= 10 else f"{grid[i, j]:.1f}",
+                        ha="center", va="center", fontsize=7,
+                        color="white" if grid[i, j] < 0.6 * vmax else "black")
+    fig.colorbar(im, ax=ax, label=colorbar_label or None)
+    ax.set_title(title, fontsize=9)
+    return save_figure(fig, path)
 
 
 def run_curves(workdir: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -43,10 +92,7 @@ def plot_runs(workdirs: Sequence[str | Path], out: str | Path) -> Path:
     Raises:
       FileNotFoundError, ValueError: as :func:`run_curves`, naming the run.
     """
-    import matplotlib  # deliberate: a heavy import, loaded only to draw
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deliberate: as above
-
+    plt = pyplot()
     runs = [(Path(w), run_curves(w)) for w in workdirs]
     fig, (ax_loss, ax_tps) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (w, c) in enumerate(runs):
@@ -64,9 +110,4 @@ def plot_runs(workdirs: Sequence[str | Path], out: str | Path) -> Path:
     for ax in (ax_loss, ax_tps):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
