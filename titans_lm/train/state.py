@@ -27,9 +27,9 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from titans_lm.models import build_model
+from titans_lm.models.lm import continued
 from titans_lm.nn.dtypes import cast_floats
 from titans_lm.train import sharding as shd
-from titans_lm.models.lm import continued
 from titans_lm.train.carry import model_state_shardings
 
 
