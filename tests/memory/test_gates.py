@@ -20,3 +20,10 @@ def test_first_of_chunk_is_causal_per_chunk():
     out = np.asarray(first_of_chunk(pre, 4))[0, :, 0]
     assert out.tolist() == [0, 0, 0, 0, 4, 4, 4, 4, 8, 8]
     assert np.all(out <= np.arange(10))   # never a later position
+
+
+def test_first_of_chunk_starts_a_mini_batch_at_a_document_start():
+    pre = jnp.arange(10.0).reshape(1, 10, 1)
+    starts = jnp.zeros((1, 10), bool).at[0, 2].set(True).at[0, 6].set(True).at[0, 8].set(True)
+    out = np.asarray(first_of_chunk(pre, 4, starts))[0, :, 0]
+    assert out.tolist() == [0, 0, 2, 2, 4, 4, 6, 6, 8, 8]

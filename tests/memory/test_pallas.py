@@ -402,3 +402,37 @@ def test_tiny_lmm_trains_with_the_same_losses():
         got, want = losses("pallas"), losses("chunked")
     assert want[-1] < want[0]
     np.testing.assert_allclose(got, want, rtol=2e-5)
+
+
+@needs_modes
+def test_documents_starting_inside_chunks_are_exact():
+    """The kernel resets only at chunk starts; a document start inside a chunk runs chunked
+    (exact), whether the flag comes from the caller (traced: lax.cond) or from the traced resets
+    (both run, each row selects). Values and gradients, for resets inside and on the grid."""
+    backend, interpret = MODES[0]
+    model, args, _ = _case_problem("linear", 16, 40)
+    weights = [jnp.asarray(np.random.default_rng(2).normal(size=s.shape), s.dtype)
+               for s in jax.tree.leaves(jax.eval_shape(lambda *a: memory_scan(
+                   *a[:8], model=model, chunk_size=16, reset_to=a[8]), *args))]
+
+    def objective(impl, options, *a):
+        reset, flag = a[9], a[10]
+        if flag is not None:
+            options = dict(options, inside_starts=flag)
+        out = memory_scan(*a[:8], model=model, chunk_size=16, impl=impl, reset=reset,
+                          reset_to=a[8], **options)
+        return sum(jnp.sum(o * w) for o, w in zip(jax.tree.leaves(out), weights)), out
+
+    def run(impl, reset, flag, **options):
+        fn = jax.grad(lambda *a: objective(impl, options, *a), argnums=tuple(range(9)), has_aux=True)
+        return jax.jit(fn)(*args, reset, flag)
+
+    kernel = {"backend": backend, "interpret": interpret}
+    with jax.default_matmul_precision("highest"):
+        for starts in ([5, 16, 30], [16]):
+            reset = jnp.zeros((40,), bool).at[jnp.asarray(starts)].set(True)
+            want_grads, want = run("chunked", reset, None)
+            for flag in (None, jnp.asarray(starts != [16])):
+                grads, got = run("pallas", reset, flag, **kernel)
+                assert_close(got, want, 1e-5, "outputs")
+                assert_close(grads, want_grads, 2e-5, "gradients")

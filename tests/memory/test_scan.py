@@ -93,29 +93,80 @@ def test_vmap_over_batch_and_heads_equals_a_loop():
                     np.testing.assert_allclose(x[b, h], y, atol=1e-13)
 
 
+def _null_outside(args, s, e):
+    """The inputs with every token outside [s, e) a null token (theta = eta = alpha = 0: the state
+    stays where it is and the momentum is 0): the document [s, e) alone at the same positions."""
+    inside = (jnp.arange(args[2].shape[0]) >= s) & (jnp.arange(args[2].shape[0]) < e)
+    gates = [jnp.where(inside, g, 0.0) for g in args[5:8]]
+    return list(args[:5]) + gates
+
+
 @pytest.mark.parametrize("impl", ["reference", "chunked"])
-def test_reset_at_chunk_boundary_equals_separate_documents(impl):
-    model = MODELS["mlp2"]
+def test_documents_starting_anywhere_equal_each_alone(impl):
+    """Documents packed back to back, the second starting at every offset inside a chunk and a
+    third of one token ending the row: each document's reads (and the last one's final state)
+    equal the document alone at the same positions, built without any reset (null tokens around
+    it, started from the reset target), to 1e-13; and no gradient reaches a document from another
+    one's inputs."""
+    model, b, T = MODELS["mlp2"], 8, 29
     with jax.enable_x64(True):
-        a = problem(model, 16, seed=1)
-        b = problem(model, 13, seed=2)
+        args = problem(model, T, seed=1)
         w0 = model.init(jax.random.key(9), 4, 4, jnp.float64)   # the reset target (learned W0)
         zeros = tuple(jnp.zeros_like(p) for p in w0)
-        joined = [jnp.concatenate([x, y]) for x, y in zip(a[2:], b[2:])]
-        fn = jax.jit(functools.partial(memory_scan, model=model, chunk_size=8, impl=impl))
-        no_reset = jnp.zeros(29, bool)
-        reads, (P, S) = fn(a[0], a[1], *joined, reset=no_reset.at[16].set(True), reset_to=w0)
-        ra, _ = fn(a[0], a[1], *(jnp.pad(x, [(0, 13)] + [(0, 0)] * (x.ndim - 1)) for x in a[2:]),
-                   reset=no_reset, reset_to=w0)     # document a alone, followed by padding
-        rb, (Pb, Sb) = memory_scan(w0, zeros, *b[2:], model=model, chunk_size=8, impl=impl)
-        np.testing.assert_allclose(reads[:16], ra[:16], atol=1e-13)
-        np.testing.assert_allclose(reads[16:], rb, atol=1e-13)
-        for x, y in zip(P + S, Pb + Sb):
-            np.testing.assert_allclose(x, y, atol=1e-13)
-        # Under jit a reset flag that is not at a chunk start is ignored (outside jit it raises:
-        # tests/memory/test_alignment.py).
-        off = fn(a[0], a[1], *joined, reset=no_reset.at[13].set(True), reset_to=w0)[0]
-        np.testing.assert_allclose(off, fn(a[0], a[1], *joined, reset=no_reset, reset_to=w0)[0], atol=0)
+        scan = functools.partial(memory_scan, model=model, chunk_size=b, impl=impl)
+        fn = jax.jit(scan, compiler_options=FAST_COMPILE)
+        weights = jnp.asarray(np.random.default_rng(3).normal(size=(T, 4)))
+
+        def later_docs(k, start, reset):   # a functional of the reads from `start` on
+            reads = scan(args[0], args[1], k, *args[3:], reset=reset, reset_to=w0)[0]
+            return jnp.sum(jnp.where(jnp.arange(T)[:, None] >= start, reads * weights, 0))
+        grad_k = jax.jit(jax.grad(later_docs), compiler_options=FAST_COMPILE)
+        for o in range(b):
+            s = b + o
+            docs = [(0, s), (s, T - 1), (T - 1, T)]
+            reset = jnp.zeros(T, bool).at[s].set(True).at[T - 1].set(True)
+            reads, (P, S) = fn(*args, reset=reset, reset_to=w0)
+            for n, (s0, e0) in enumerate(docs):
+                start = (args[0], args[1]) if n == 0 else (w0, zeros)
+                alone, (Pa, Sa) = fn(*start, *_null_outside(args, s0, e0)[2:],
+                                     reset=jnp.zeros(T, bool), reset_to=w0)
+                np.testing.assert_allclose(reads[s0:e0], alone[s0:e0], atol=1e-13,
+                                           err_msg=f"offset {o}, document {n}")
+            for x, y in zip(P + S, Pa + Sa):
+                np.testing.assert_allclose(x, y, atol=1e-13)
+            g = grad_k(args[2], s, reset)
+            assert float(jnp.max(jnp.abs(g[:s]))) == 0.0, f"offset {o}: gradient crosses a start"
+            assert float(jnp.max(jnp.abs(g[s:]))) > 0
+
+
+@pytest.mark.parametrize("options", [{}, {"running_mean": True}, {"read": "chunk_start"},
+                                     {"log_keep": True, "surprise_max_norm": 0.5, "state_length": 19}],
+                         ids=["plain", "running_mean", "chunk_start", "log_keep_clip_length"])
+@pytest.mark.parametrize("name", ["linear", "mlp2"])
+def test_starts_inside_chunks_chunked_matches_reference_values_and_gradients(name, options):
+    """Document starts at several positions inside chunks (two in one chunk, one at a chunk's last
+    token, one ending the row): chunked equals the token loop, reads, state and every gradient
+    (reset target included), to 1e-10."""
+    model, T = MODELS[name], 37
+    options = dict(options)
+    with jax.enable_x64(True):
+        args = problem(model, T, seed=4)
+        reset_to = model.init(jax.random.key(7), 4, 4, jnp.float64)
+        reset = jnp.zeros(T, bool).at[jnp.array([3, 5, 15, 16, 22, 36])].set(True)
+        if options.pop("log_keep", False):
+            options["log_keep"] = jnp.log1p(-args[7])
+        weights = functional(2, T, args[0])
+        results = {}
+        for impl in ("reference", "chunked"):
+            def value(*a):
+                return objective(weights, impl, model, 8, *a[:8], reset=reset, reset_to=a[8],
+                                 **options)
+            grad_fn = jax.jit(jax.grad(value, argnums=tuple(range(9)), has_aux=True),
+                              compiler_options=FAST_COMPILE)
+            results[impl] = grad_fn(*args, reset_to)
+        for a, b in zip(jax.tree.leaves(results["reference"]), jax.tree.leaves(results["chunked"])):
+            scale = max(1.0, float(jnp.max(jnp.abs(a))))
+            assert float(jnp.max(jnp.abs(a - b))) <= 1e-10 * scale
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked"])

@@ -122,32 +122,67 @@ def clip_surprise(factors: GradientFactors, max_norm: float, coef, ends):
 
 
 class _DualReadAccess:
-    """Reads row i through the parameters after token i's write, without materialising them."""
+    """Reads row i through the parameters after token i's write, without materialising them.
+
+    With a reset target R0 (documents starting inside the chunk) the read adds R_i (r R0)."""
 
     def __init__(self, P0, S0, factors: GradientFactors, coef: ChunkCoefficients,
-                 outer: frozenset = frozenset()):
+                 outer: frozenset = frozenset(), reset_to=None):
         self.P0, self.S0, self.f, self.c, self.outer = P0, S0, factors, coef, outer
+        self.R0 = reset_to if coef.R is not None else None
 
     def matmul(self, index, r):
         c = self.c
         u, d = self.f.inputs[index], self.f.signals[index]
-        return (c.B[:, None] * (r @ self.P0[index]) + c.A[:, None] * (r @ self.S0[index])
-                - (c.C * (r @ u.T)) @ d)
+        out = (c.B[:, None] * (r @ self.P0[index]) + c.A[:, None] * (r @ self.S0[index])
+               - (c.C * (r @ u.T)) @ d)
+        if self.R0 is not None:
+            out = out + c.R[:, None] * (r @ self.R0[index])
+        return out
 
     def vector(self, index):
         if index in self.outer:
             return self.P0[index]          # outer-loop parameter: not written by the inner loop
         c = self.c
-        return (c.B[:, None] * self.P0[index] + c.A[:, None] * self.S0[index]
-                - c.C @ self.f.signals[index])
+        out = (c.B[:, None] * self.P0[index] + c.A[:, None] * self.S0[index]
+               - c.C @ self.f.signals[index])
+        if self.R0 is not None:
+            out = out + c.R[:, None] * self.R0[index]
+        return out
+
+
+def in_chunk_starts(reset: jax.Array) -> jax.Array:
+    """[..., b] bool: the document starts of chunks [..., b] other than at their first token
+    (a start there is the chunk-start reset, applied to the state before the chunk)."""
+    return reset & (jnp.arange(reset.shape[-1]) > 0)
+
+
+def starts_inside_chunks(reset: jax.Array, chunk_size: int) -> jax.Array:
+    """bool scalar: does any document start inside a chunk (reset at t % chunk_size != 0)?
+    ``reset`` has time on its last axis ([T] or [B, T])."""
+    return jnp.any(reset & (jnp.arange(reset.shape[-1]) % chunk_size != 0))
+
+
+def after_start(reset: jax.Array) -> jax.Array:
+    """[..., b] bool: tokens at or after a document start of their chunk (their gradient is
+    taken at the reset target)."""
+    return jnp.cumsum(reset.astype(jnp.int32), axis=-1) > 0
+
+
+def select_factors(after: jax.Array, at_P0: GradientFactors, at_R0: GradientFactors) -> GradientFactors:
+    """Per token: the factors at the reset target where ``after`` ([b] bool), else at P0."""
+    pick = lambda a, b: None if a is None else jnp.where(after[:, None], b, a)  # noqa: E731
+    return GradientFactors(inputs=tuple(pick(a, b) for a, b in zip(at_P0.inputs, at_R0.inputs)),
+                           signals=tuple(pick(a, b) for a, b in zip(at_P0.signals, at_R0.signals)))
 
 
 class EndRows(NamedTuple):
     """The coefficient rows of a chunk's last valid token: the chunk-end state is
     P_end = B P0 + A S0 - sum_s C_s G_s,  S_end = E0 S0 - sum_s M_s G_s.
 
-    B, A, E0: scalars; C, M: [b]. For an empty chunk (no valid token) the identity
-    (B = E0 = 1, A = 0, C = M = 0), so the state passes through unchanged.
+    B, A, E0: scalars; C, M: [b]; R: scalar weight of the reset target (P_end gains R R0), or
+    None without document starts inside the chunk. For an empty chunk (no valid token) the
+    identity (B = E0 = 1, A = R = 0, C = M = 0), so the state passes through unchanged.
     """
 
     B: jax.Array
@@ -155,6 +190,7 @@ class EndRows(NamedTuple):
     C: jax.Array
     E0: jax.Array
     M: jax.Array
+    R: jax.Array | None = None
 
 
 def end_rows(coef: ChunkCoefficients, n_valid=None) -> EndRows:
@@ -166,19 +202,22 @@ def end_rows(coef: ChunkCoefficients, n_valid=None) -> EndRows:
     """
     b = coef.B.shape[0]
     last = b - 1 if n_valid is None else jnp.clip(n_valid - 1, 0, b - 1)
-    rows = EndRows(B=coef.B[last], A=coef.A[last], C=coef.C[last], E0=coef.E0[last], M=coef.M[last])
+    rows = EndRows(B=coef.B[last], A=coef.A[last], C=coef.C[last], E0=coef.E0[last], M=coef.M[last],
+                   R=None if coef.R is None else coef.R[last])
     if n_valid is None:
         return rows
     empty = n_valid <= 0
     one, zero = jnp.ones((), coef.B.dtype), jnp.zeros((), coef.B.dtype)
     return EndRows(B=jnp.where(empty, one, rows.B), A=jnp.where(empty, zero, rows.A),
                    C=jnp.where(empty, zero, rows.C), E0=jnp.where(empty, one, rows.E0),
-                   M=jnp.where(empty, zero, rows.M))
+                   M=jnp.where(empty, zero, rows.M),
+                   R=None if rows.R is None else jnp.where(empty, zero, rows.R))
 
 
 def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v, q,
                                  coef: ChunkCoefficients, ends: EndRows, *, read: str = "after_write",
-                                 surprise_max_norm: float = 0.0):
+                                 surprise_max_norm: float = 0.0, reset_to: Params | None = None,
+                                 after=None, reset_factors: GradientFactors | None = None):
     """The state-dependent part of :func:`chunk_step`, given the chunk's gate coefficients.
 
     The coefficients depend on the gates only, so a scan can compute them for every chunk at once
@@ -189,25 +228,38 @@ def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v
     ``surprise_max_norm > 0`` clips each token's gradient at P0 to that norm
     (:func:`surprise_scale`; the guard ``MemoryConfig.surprise_max_norm``).
 
+    Documents starting inside the chunk (coefficients with ``R``, from
+    ``chunk_coefficients(..., reset=)``): ``reset_to`` is the target R0 and ``after`` ([b] bool,
+    :func:`after_start`) marks the tokens whose gradients are taken at R0 (``reset_factors``:
+    :func:`gradient_factors` at R0 of the chunk's k, v, computed here when None); a
+    "chunk_start" read of such a token reads f(q; R0).
+
     Returns:
       (reads [b, d_v], P_end, S_end).
     """
     factors = gradient_factors(model, P0, k, v)
+    if coef.R is not None:
+        if reset_factors is None:
+            reset_factors = gradient_factors(model, reset_to, k, v)
+        factors = select_factors(after, factors, reset_factors)
     outer = model.outer_params()
     coef, ends = clip_surprise(factors, surprise_max_norm, coef, ends)
     if read == "after_write":
-        reads = model.forward(_DualReadAccess(P0, S0, factors, coef, outer), q)
+        reads = model.forward(_DualReadAccess(P0, S0, factors, coef, outer, reset_to), q)
     else:
         reads = model.forward(PlainAccess(P0), q)
-    P_end, S_end = end_state(P0, S0, factors, ends, outer)
+        if coef.R is not None:
+            reads = jnp.where(after[:, None], model.forward(PlainAccess(reset_to), q), reads)
+    P_end, S_end = end_state(P0, S0, factors, ends, outer, reset_to)
     return reads, P_end, S_end
 
 
 def end_state(P0: Params, S0: Params, factors: GradientFactors, ends: EndRows,
-              outer: frozenset = frozenset()):
+              outer: frozenset = frozenset(), reset_to: Params | None = None):
     """(P_end, S_end) of a chunk from its start state, gradient factors and end rows:
-    P_end = B P0 + A S0 - sum_s C_s G_s,  S_end = E0 S0 - sum_s M_s G_s (one matmul per weight);
-    the parameters listed in ``outer`` (outer-loop ones) pass through unchanged."""
+    P_end = B P0 + A S0 - sum_s C_s G_s,  S_end = E0 S0 - sum_s M_s G_s (one matmul per weight),
+    plus R reset_to when the end rows have R (documents starting inside the chunk); the
+    parameters listed in ``outer`` (outer-loop ones) pass through unchanged."""
     P_end, S_end = [], []
     for i, (p0, s0, u, d) in enumerate(zip(P0, S0, factors.inputs, factors.signals)):
         if i in outer:
@@ -220,14 +272,15 @@ def end_state(P0: Params, S0: Params, factors: GradientFactors, ends: EndRows,
         else:
             gP = ends.C @ d
             gS = ends.M @ d
-        P_end.append(ends.B * p0 + ends.A * s0 - gP)
+        p_end = ends.B * p0 + ends.A * s0 - gP
+        P_end.append(p_end if ends.R is None else p_end + ends.R * reset_to[i])
         S_end.append(ends.E0 * s0 - gS)
     return tuple(P_end), tuple(S_end)
 
 
 def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, alpha,
                n_valid=None, *, read: str = "after_write", running_mean: bool = False,
-               log_keep=None):
+               log_keep=None, reset=None, reset_to: Params | None = None):
     """One chunk of the memory recurrence: reads and the state after the chunk's last valid token.
 
     Args:
@@ -241,14 +294,19 @@ def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, a
       running_mean: reads at position i scale the gradient terms by b / (i + 1) (TTT's 1/i;
         :func:`~titans_lm.memory.coefficients.running_mean_scale`); the state is unchanged.
       log_keep: optional [b] log(1 - alpha), used instead of alpha.
+      reset: optional [b] bool document starts (any position): before such a token the state
+        returns to (reset_to, 0) and the chunk is cut there (docs/design.md#resets-inside-a-chunk).
+      reset_to: the reset target (default: P0).
     Returns:
       (reads [b, d_v], P_end, S_end).
     """
-    coef = chunk_coefficients(theta, eta, alpha, log_keep=log_keep)
+    coef = chunk_coefficients(theta, eta, alpha, log_keep=log_keep, reset=reset)
     ends = end_rows(coef, n_valid)
     if running_mean:
-        coef = with_running_mean(coef)
-    return chunk_step_from_coefficients(model, P0, S0, k, v, q, coef, ends, read=read)
+        coef = with_running_mean(coef, reset)
+    after = None if reset is None else after_start(reset)
+    return chunk_step_from_coefficients(model, P0, S0, k, v, q, coef, ends, read=read,
+                                        reset_to=P0 if reset_to is None else reset_to, after=after)
 
 
 def _pad_rows(x, total, value):
@@ -307,14 +365,22 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     n_valid = np.clip(T - np.arange(n_groups * g) * b, 0, b).astype(np.int32)
 
     # Gate coefficients of every chunk at once: they do not depend on the state, so they stay
-    # out of the sequential loop (batched over chunks, forward and backward).
+    # out of the sequential loop (batched over chunks, forward and backward). A document start at
+    # a chunk's first token resets the state before the chunk; one inside it cuts the chunk
+    # (chunk_coefficients' reset; docs/design.md#resets-inside-a-chunk).
     per_chunk = lambda x: x.reshape((n_groups * g, b) + x.shape[1:])  # noqa: E731
+    inside = in_chunk_starts(per_chunk(reset_p))
     if log_keep is None:
-        coef = jax.vmap(chunk_coefficients)(per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p))
+        coef = jax.vmap(lambda th, et, al, rs: chunk_coefficients(th, et, al, reset=rs))(
+            per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p), inside)
     else:
-        coef = jax.vmap(lambda th, et, lk: chunk_coefficients(th, et, None, log_keep=lk))(
-            per_chunk(theta_p), per_chunk(eta_p), per_chunk(_pad_rows(log_keep, total, 0)))
+        coef = jax.vmap(lambda th, et, lk, rs: chunk_coefficients(th, et, None, log_keep=lk, reset=rs))(
+            per_chunk(theta_p), per_chunk(eta_p), per_chunk(_pad_rows(log_keep, total, 0)), inside)
     ends = jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
+    # Inside the loop each token picks the base of its gradient: P0, or the reset target from a
+    # document start on (after_start). The factors at the target are recomputed per chunk inside
+    # the checkpointed body rather than stored for every token.
+    after = after_start(inside)
     keeping = state_length is not None
     if keeping:
         starts = jnp.arange(n_groups * g, dtype=jnp.int32) * b
@@ -324,7 +390,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     else:
         keep_ends = keep_flags = None
     if running_mean:
-        coef = with_running_mean(coef)
+        coef = with_running_mean(coef, inside)
     if read != "after_write":
         coef = None   # the chunk-start read needs no coefficients inside the chunk
 
@@ -332,29 +398,32 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         return x.reshape((n_groups, g) + x.shape[1:])
 
     xs = (per_chunk(k_p), per_chunk(v_p), per_chunk(q_p), coef, ends,
-          reset_p.reshape(n_groups * g, b)[:, 0], keep_ends, keep_flags)
+          reset_p.reshape(n_groups * g, b)[:, 0], keep_ends, keep_flags, after)
     xs = jax.tree.map(group_shape, xs)
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     outer = model.outer_params()
+    reset_to = tuple(reset_to)
 
     def one_chunk(carry, x):
         (P, S), kept = carry
-        kc, vc, qc, cf, ed, rs, ked, kf = x
+        kc, vc, qc, cf, ed, rs, ked, kf, af = x
         P = tuple(jnp.where(rs, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(rs, z, s) for z, s in zip(zeros, S))
-        factors = gradient_factors(model, P, kc, vc)
+        factors = select_factors(af, gradient_factors(model, P, kc, vc),
+                                 gradient_factors(model, reset_to, kc, vc))
         cf, ed = clip_surprise(factors, surprise_max_norm, cf, ed)
         if keeping:
             _, ked = clip_surprise(factors, surprise_max_norm, None, ked)
         if read == "after_write":
-            reads = model.forward(_DualReadAccess(P, S, factors, cf, outer), qc)
+            reads = model.forward(_DualReadAccess(P, S, factors, cf, outer, reset_to), qc)
         else:
-            reads = model.forward(PlainAccess(P), qc)
+            reads = jnp.where(af[:, None], model.forward(PlainAccess(reset_to), qc),
+                              model.forward(PlainAccess(P), qc))
         if keeping:
-            P_k, S_k = end_state(P, S, factors, ked, outer)
+            P_k, S_k = end_state(P, S, factors, ked, outer, reset_to)
             kept = (tuple(jnp.where(kf, a, c) for a, c in zip(P_k, kept[0])),
                     tuple(jnp.where(kf, a, c) for a, c in zip(S_k, kept[1])))
-        return (end_state(P, S, factors, ed, outer), kept), reads
+        return (end_state(P, S, factors, ed, outer, reset_to), kept), reads
 
     state0 = (tuple(params0), tuple(momentum0))
     carry0 = (state0, state0 if keeping else None)

@@ -41,6 +41,8 @@ class ChunkCoefficients(NamedTuple):
     C: [b, b] weight of G_s in P_i, C[i, s] (zero for s > i).
     E0: [b] weight of the chunk-start momentum in S_i, E_{i,0}.
     M: [b, b] weight of G_s in S_i, theta_s E_{i,s} (zero for s > i).
+    R: [b] weight of the reset target in P_i (document starts inside the chunk), or None for a
+      chunk without them (then 0).
     """
 
     B: jax.Array
@@ -48,6 +50,7 @@ class ChunkCoefficients(NamedTuple):
     C: jax.Array
     E0: jax.Array
     M: jax.Array
+    R: jax.Array | None = None
 
 
 def _segment_parts(g):
@@ -137,7 +140,7 @@ def log_segment_products(log_g: jax.Array) -> jax.Array:
     return jnp.where(lower & (seg_zeros == 0), jnp.exp(jnp.where(lower, seg, 0)), 0)
 
 
-def running_mean_scale(b: int, dtype=jnp.float32) -> jax.Array:
+def running_mean_scale(b: int, dtype=jnp.float32, reset: jax.Array | None = None) -> jax.Array:
     """[b] read scale of TTT's running mean within a mini-batch: b / (j + 1) at position j.
 
     TTT (Sun et al. 2024, arXiv:2407.04620 sec. 2.5; ttt-lm-jax ``token_idx``) reads row j
@@ -145,24 +148,44 @@ def running_mean_scale(b: int, dtype=jnp.float32) -> jax.Array:
     gradients so far. The engine's per-token theta already carries 1/b (``ttt_engine_lr``), so the
     read of row j scales the gradient terms by b / (j + 1); the last row (scale 1) and the state
     after the chunk are unchanged.
+
+    With ``reset`` ([..., b] bool, document starts inside the chunk) a document start begins a
+    new mini-batch: j counts from the latest start at or before the position (from the chunk
+    start where there is none), so b / (j + 1) is the scale of the chunk cut at the start.
     """
-    return b / jnp.arange(1, b + 1, dtype=dtype)
+    idx = jnp.arange(b)
+    if reset is None:
+        return b / (idx + 1).astype(dtype)
+    last_start = jax.lax.cummax(jnp.where(reset, idx, 0), axis=reset.ndim - 1)
+    return b / (idx - last_start + 1).astype(dtype)
 
 
-def with_running_mean(coef: "ChunkCoefficients") -> "ChunkCoefficients":
+def with_running_mean(coef: "ChunkCoefficients", reset: jax.Array | None = None) -> "ChunkCoefficients":
     """The coefficients with the read rows of C scaled by :func:`running_mean_scale`.
 
     Only the reads inside a chunk change (C is the weight of G_s in read i); the end-of-chunk rows
     (:func:`titans_lm.memory.chunked.end_rows`) must be taken from the unscaled coefficients.
-    Works on one chunk ([b, b] C) or a batch of chunks ([N, b, b]).
+    Works on one chunk ([b, b] C, [b] reset) or a batch of chunks ([N, b, b], [N, b]).
     """
     b = coef.C.shape[-1]
-    return coef._replace(C=coef.C * running_mean_scale(b, coef.C.dtype)[:, None])
+    return coef._replace(C=coef.C * running_mean_scale(b, coef.C.dtype, reset)[..., :, None])
 
 
 def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None, *,
-                       log_keep: jax.Array | None = None) -> ChunkCoefficients:
+                       log_keep: jax.Array | None = None,
+                       reset: jax.Array | None = None) -> ChunkCoefficients:
     """Closed-form coefficients of one chunk from its per-token gates.
+
+    Document starts inside the chunk (``reset``; docs/design.md#resets-inside-a-chunk): before
+    token j with reset_j the state returns to (R0, 0), R0 the reset target, and the chunk is cut
+    there, so tokens from j on have their gradients taken at R0 (the caller selects them) and see
+    no write from before j. In the closed form that is the same recurrence with the two gates of
+    token j that carry the earlier state, 1 - alpha_j and eta_j, set to 0, which zeroes every
+    coefficient through j (B, A, E0 and the columns s < j of C and M for rows i >= j: exact zeros,
+    as the segment products give them), plus one term for the target:
+
+        P_i = B_i P0 + R_i R0 + A_i S0 - sum_s C_{i,s} G_s,
+        R_i = prod_{j(i) <= m <= i} (1 - alpha_m)   (j(i): the latest start at or before i; else 0)
 
     Args:
       theta: [b] inner learning rates theta_s (Titans eq. 13).
@@ -170,19 +193,26 @@ def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None
       alpha: [b] forget gates alpha_i (eq. 14); ignored (may be None) when log_keep is given.
       log_keep: optional [b] log(1 - alpha_i), the forget gate in log form (see
         :func:`log_segment_products`); used instead of alpha when given.
+      reset: optional [b] bool, document starts (any position, 0 included).
     Returns:
-      ChunkCoefficients (see the module docstring for the formulas).
+      ChunkCoefficients (see the module docstring for the formulas); R is None without ``reset``.
     """
+    if reset is not None:
+        eta = jnp.where(reset, jnp.zeros((), eta.dtype), eta)
     if log_keep is None:
         keep = 1 - alpha
-        D = segment_products(keep)       # D[i, k] = B_i / B_k
-        B = D[:, 0] * keep[0]            # B_i = prod_{j<=i} (1 - alpha_j)
+        cut = keep if reset is None else jnp.where(reset, jnp.zeros((), keep.dtype), keep)
+        D = segment_products(cut)        # D[i, k] = B_i / B_k
+        B = D[:, 0] * cut[0]             # B_i = prod_{j<=i} (1 - alpha_j)
     else:
-        D = log_segment_products(log_keep)
-        B = D[:, 0] * jnp.exp(log_keep[0])
+        keep = jnp.exp(log_keep)
+        cut = log_keep if reset is None else jnp.where(reset, -jnp.inf, log_keep)
+        D = log_segment_products(cut)
+        B = D[:, 0] * jnp.exp(cut[0])
     E = segment_products(eta)        # E[k, s] = E_{k,s}
     E0 = E[:, 0] * eta[0]            # E_{i,0} = prod_{j<=i} eta_j
     A = D @ E0
     C = (D @ E) * theta[None, :]
     M = E * theta[None, :]
-    return ChunkCoefficients(B=B, A=A, C=C, E0=E0, M=M)
+    R = None if reset is None else D @ jnp.where(reset, keep, jnp.zeros((), keep.dtype))
+    return ChunkCoefficients(B=B, A=A, C=C, E0=E0, M=M, R=R)

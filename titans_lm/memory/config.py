@@ -54,8 +54,8 @@ class MemoryConfig:
       memory_ln_fast: with memory_residual_ln, the LN scale and shift are fast weights updated
         by the inner loop (True) or outer-loop parameters that only the outer loss trains
         (False: TTT, ttt-lm-jax's ``ttt_norm``).
-      chunk_size: mini-batch size b of the inner gradient descent (TTT: 16). Should divide the
-        data pipeline's doc_align (64) so every document starts on a chunk boundary.
+      chunk_size: mini-batch size b of the inner gradient descent (TTT: 16). A document that
+        starts inside a chunk cuts it (its first mini-batch is the rest of the chunk).
       theta_max: upper bound of the Titans inner learning rate theta = theta_max * sigmoid(.).
         Default 0.0005 with eta_max 0.9: stable for any keys of unit norm at chunk 16
         (:func:`chunk_write_gain`; see "Stable range" below).
@@ -69,9 +69,10 @@ class MemoryConfig:
         taken at the chunk-start state) the write then diverges on correlated keys (measured: the
         optimiser drove eta to 0.999 and the tiny MAC's loss to NaN at lr 3e-3), so the Titans
         configs use 0.9 (``titans_lm.models.presets.TITANS_MEMORY``).
-      gate_granularity: "token": gates per token; "chunk": every token of a chunk uses the gate
-        pre-activations of the chunk's first token (causal: that token precedes or is the token
-        itself, so no read depends on a later token; a mean over the chunk would not be causal).
+      gate_granularity: "token": gates per token; "chunk": every token of a mini-batch uses the
+        gate pre-activations of its first token (the chunk's, or a document start's; causal:
+        that token precedes or is the token itself, so no read depends on a later token; a mean
+        over the chunk would not be causal).
       use_momentum: False gives eta = 0 exactly (no momentum parameters).
       use_decay: False gives alpha = 0 exactly (no forget-gate parameters).
       theta_bias_init, eta_bias_init, alpha_bias_init: initial biases of the gate

@@ -30,17 +30,24 @@ def ttt_theta(pre: jax.Array, base_lr: float, head_dim: int) -> jax.Array:
     return base_lr * jax.nn.sigmoid(pre) / head_dim
 
 
-def first_of_chunk(pre_BT_: jax.Array, chunk_size: int) -> jax.Array:
-    """Replace every position's value by that of the first position of its chunk (axis 1).
+def first_of_chunk(pre_BT_: jax.Array, chunk_size: int, starts_BT: jax.Array | None = None) -> jax.Array:
+    """Replace every position's value by that of the first position of its mini-batch (axis 1):
+    its chunk's first position, or the latest document start inside the chunk at or before it
+    (a document start cuts the chunk: docs/design.md#resets-inside-a-chunk).
 
-    Causal: position t uses position chunk_size * (t // chunk_size) <= t.
+    Causal: position t uses a position <= t, and never one of an earlier document.
 
     Args:
       pre_BT_: [B, T, ...] values.
       chunk_size: chunk length.
+      starts_BT: optional bool [B, T] document starts.
     Returns:
       same shape and dtype.
     """
-    T = pre_BT_.shape[1]
-    starts = (jnp.arange(T) // chunk_size) * chunk_size
-    return jnp.take(pre_BT_, starts, axis=1)
+    B, T = pre_BT_.shape[:2]
+    t = jnp.arange(T)
+    src = jnp.broadcast_to((t // chunk_size) * chunk_size, (B, T))
+    if starts_BT is not None:
+        src = jnp.maximum(src, jax.lax.cummax(jnp.where(starts_BT, t, -1), axis=1))
+    src = src.reshape((B, T) + (1,) * (pre_BT_.ndim - 2))
+    return jnp.take_along_axis(pre_BT_, src, axis=1)

@@ -14,8 +14,8 @@ Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; docs/design.md
 Call (the mixer protocol): ``state = layer.init_state(B)``; ``y_BTD, state = layer(x_BTD, stream,
 state)`` with the call's :class:`titans_lm.nn.stream.Stream`. Documents: ``stream.starts`` marks
 document starts (a changed, non-zero segment id; a continued call does not restart at its first
-token); the memory state returns to (reset_to, 0) there (honoured at chunk starts, which the data
-pipeline guarantees for chunk sizes dividing 64) and the conv window restarts. Padding tokens
+token); the memory state returns to (reset_to, 0) there, at any position (a start inside a
+chunk cuts the chunk: docs/design.md#resets-inside-a-chunk), and the conv window restarts. Padding tokens
 (segment id 0) get theta = eta = alpha = 0: they write nothing, the memory parameters stay frozen
 through them and the momentum is cleared.
 
@@ -42,8 +42,9 @@ from titans_lm.memory import sharded
 from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.carried import (MemoryState, Tokens, empty_state, next_state, reset_rows,
                                       with_buffer)
+from titans_lm.memory.chunked import starts_inside_chunks
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.memory.scan import check_resets, memory_read, memory_scan
+from titans_lm.memory.scan import memory_read, memory_scan
 from titans_lm.nn.channel_scale import channel_scale
 from titans_lm.nn.conv import carried_causal_conv
 from titans_lm.nn.project import project
@@ -246,8 +247,8 @@ class NeuralMemory(nnx.Module):
         and the padding mask, for tokens whose chunk grid starts at index 0."""
         gates = (t.theta, t.eta, t.log_keep)
         if self.cfg.gate_granularity == "chunk":
-            gates = tuple(gate_fns.first_of_chunk(jnp.swapaxes(g, 1, 2), self.cfg.chunk_size)
-                          .swapaxes(1, 2) for g in gates)
+            gates = tuple(gate_fns.first_of_chunk(jnp.swapaxes(g, 1, 2), self.cfg.chunk_size,
+                                                  t.reset).swapaxes(1, 2) for g in gates)
         real = t.real[:, None, :]
         theta, eta, log_keep = (jnp.where(real, g, 0) for g in gates)
         return MemoryInputs(q=t.q, k=t.k, v=t.v, theta=theta, eta=eta, alpha=-jnp.expm1(log_keep),
@@ -275,7 +276,7 @@ class NeuralMemory(nnx.Module):
             ``(params, momentum)`` or a carried one).
           q, k, v: [B, H, T, Dh]; theta, eta, alpha: [B, H, T]; reset: bool [B, T] or None.
           read: "after_write" | "chunk_start"; None uses cfg.read.
-          reset_to: parameters with leading [B, H] that a reset (at a chunk start) restores,
+          reset_to: parameters with leading [B, H] that a reset (a document start) restores,
             with zero momentum; None restores the learned W0 (not the given state).
           log_keep: [B, H, T] log(1 - alpha) (MemoryInputs.log_keep), used instead of alpha;
             after reset in MemoryInputs' order, so ``scan(state, *inputs)`` passes it.
@@ -283,15 +284,12 @@ class NeuralMemory(nnx.Module):
             state after that many tokens (``memory_scan``'s ``state_length``).
         Returns:
           (reads [B, H, T, Dh], final state) in the inner dtype.
-        Raises:
-          ValueError: outside jit, for a reset that is not at a chunk start.
         """
         cfg = self.cfg
         params, momentum = state
         B, _, T, _ = q.shape
         if reset is None:
             reset = jnp.zeros((B, T), bool)
-        check_resets(reset, cfg.chunk_size)
         if reset_to is None:
             reset_to = self._w0(B)
         options = {"chunks_per_checkpoint": cfg.chunks_per_checkpoint} if cfg.impl == "chunked" else {}
@@ -302,13 +300,17 @@ class NeuralMemory(nnx.Module):
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
-        def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl):
+        kernel = cfg.impl in ("pallas", "auto")
+
+        def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl, inside):
             kw = {} if lk is None else {"log_keep": lk}
             if sl is not None:
                 kw["state_length"] = sl
+            if kernel:   # one flag for all rows: the kernel runs unless a document starts in a chunk
+                kw["inside_starts"] = inside
             return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0, **kw)
 
-        per_row = jax.vmap(one, in_axes=(0,) * 11 + (None,))
+        per_row = jax.vmap(one, in_axes=(0,) * 11 + (None, None))
 
         def over_batch(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl):
             # One vmap over the B * H rows, not one over B around one over H: with a single
@@ -320,7 +322,8 @@ class NeuralMemory(nnx.Module):
             flat_all = lambda xs: tuple(flat(x) for x in xs)  # noqa: E731
             reads, (P, S) = per_row(flat_all(p), flat_all(m), flat(k_), flat(v_), flat(q_),
                                     flat(th), flat(et), flat(al), jnp.repeat(rs, Hl, axis=0),
-                                    flat_all(p0), None if lk is None else flat(lk), sl)
+                                    flat_all(p0), None if lk is None else flat(lk), sl,
+                                    starts_inside_chunks(rs, cfg.chunk_size) if kernel else None)
             unflat = lambda x: x.reshape((Bl, Hl) + x.shape[1:])  # noqa: E731
             return unflat(reads), (tuple(map(unflat, P)), tuple(map(unflat, S)))
         idt = self.inner_dtype

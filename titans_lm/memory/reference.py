@@ -1,14 +1,18 @@
 """``reference``: the memory recurrence token by token with materialised weights (the oracle).
 
 A lax.scan over tokens carries (P, S, P_start), where P_start is the state at the start of the
-current chunk. At token t (Titans eqs. 12-14, mini-batch size b = chunk_size):
+current mini-batch. At token t (Titans eqs. 12-14, mini-batch size b = chunk_size):
 
-    if t % b == 0:  (P, S) <- (reset_to, 0) when reset[t];  P_start <- P
-    G   = jax.grad(||f(k_t; .) - v_t||^2)(P_start)          # gradient at the chunk start
+    if reset[t]:                   (P, S) <- (reset_to, 0)   # a document starts, at any position
+    if t % b == 0 or reset[t]:     P_start <- P              # a mini-batch starts
+    G   = jax.grad(||f(k_t; .) - v_t||^2)(P_start)          # gradient at the mini-batch start
     G  *= min(1, surprise_max_norm / ||G||)    (only with surprise_max_norm > 0: the guard)
     S   = eta_t S - theta_t G
     P   = (1 - alpha_t) P + S                               (or exp(log_keep_t) P + S)
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
+
+A document start inside a chunk thus cuts that chunk in two mini-batches; the chunk grid (t % b)
+stays where it is (docs/design.md#resets-inside-a-chunk).
 
 (see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads). With
 ``state_length`` L the scan also carries the state after token L - 1 (the initial state for
@@ -36,7 +40,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     the scan also carries the gradient part (Pg, Sg) of the state since the chunk start (the same
     recurrence from (0, 0); the state is linear in it) and reads token t (position j in its chunk)
     through P + (b / (j + 1) - 1) Pg: the gradients so far weighted by 1 / (j + 1) instead of the
-    1 / b in theta (TTT's running mean). ``state_length`` is None or an int32 scalar in 0..T,
+    1 / b in theta (TTT's running mean; j counts from the mini-batch start, a document start
+    included). ``state_length`` is None or an int32 scalar in 0..T,
     possibly traced. ``surprise_max_norm > 0`` clips each token's gradient to that norm.
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
@@ -47,12 +52,12 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     keep_until = T if state_length is None else state_length
 
     def step(carry, x):
-        (P, S, P_start, Pg, Sg), (P_keep, S_keep) = carry
+        (P, S, P_start, Pg, Sg, start), (P_keep, S_keep) = carry
         t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t = x
-        at_start = t % chunk_size == 0
-        restart = at_start & reset_t
-        P = tuple(jnp.where(restart, r, p) for r, p in zip(reset_to, P))
-        S = tuple(jnp.where(restart, z, s) for z, s in zip(zeros, S))
+        at_start = (t % chunk_size == 0) | reset_t
+        start = jnp.where(at_start, t, start).astype(start.dtype)
+        P = tuple(jnp.where(reset_t, r, p) for r, p in zip(reset_to, P))
+        S = tuple(jnp.where(reset_t, z, s) for z, s in zip(zeros, S))
         P_start = tuple(jnp.where(at_start, p, p_s) for p, p_s in zip(P, P_start))
         G = grad_fn(P_start, k_t[None], v_t[None])
         if surprise_max_norm > 0:
@@ -66,7 +71,7 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
             Sg = tuple(s if i in outer else eta_t * s - theta_t * g
                        for i, (s, g) in enumerate(zip(Sg, G)))
             Pg = tuple(p if i in outer else keep_t * p + s for i, (p, s) in enumerate(zip(Pg, Sg)))
-            scale = chunk_size / (t % chunk_size + 1).astype(theta_t.dtype)
+            scale = chunk_size / (t - start + 1).astype(theta_t.dtype)
             P_read = tuple(p + (scale - 1) * g for p, g in zip(P, Pg))
         else:
             P_read = P
@@ -74,9 +79,10 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         kept = t < keep_until
         P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P, P_keep))
         S_keep = tuple(jnp.where(kept, s, s_k) for s, s_k in zip(S, S_keep))
-        return ((P, S, P_start, Pg, Sg), (P_keep, S_keep)), y
+        return ((P, S, P_start, Pg, Sg, start), (P_keep, S_keep)), y
 
     P0, S0 = tuple(params0), tuple(momentum0)
     xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset)
-    ((P, S, _, _, _), kept), reads = jax.lax.scan(step, ((P0, S0, P0, zeros, zeros), (P0, S0)), xs)
+    carry0 = ((P0, S0, P0, zeros, zeros, jnp.zeros((), jnp.int32)), (P0, S0))
+    ((P, S, _, _, _, _), kept), reads = jax.lax.scan(step, carry0, xs)
     return reads, ((P, S) if state_length is None else kept)

@@ -100,26 +100,6 @@ def check_gates(theta, eta, alpha=None, log_keep=None) -> None:
                              f"titans_lm.memory.gates or clip them before memory_scan")
 
 
-def check_resets(reset, chunk_size: int) -> None:
-    """Raise ValueError for a reset flag that is not at a chunk start (concrete arrays only).
-
-    ``reset`` has time on its last axis ([T] or [B, T]). The engine honours resets only at chunk
-    starts (t % chunk_size == 0): a document that starts elsewhere would silently continue the
-    previous document's memory. Under jax.jit (tracers) nothing is checked and such a flag is
-    ignored; configurations are checked up front instead
-    (:func:`titans_lm.config.alignment.check_reset_alignment`).
-    """
-    if reset is None or not is_concrete(reset):
-        return
-    r = np.asarray(reset).astype(bool)
-    off = r & (np.arange(r.shape[-1]) % chunk_size != 0)
-    if off.any():
-        where = np.argwhere(off)[0].tolist()
-        raise ValueError(f"reset at position {where[-1]} (index {where}) is not a chunk start "
-                         f"(chunk_size={chunk_size}): documents must start at multiples of the "
-                         f"chunk size; choose a chunk size that divides the document alignment")
-
-
 def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerModel | str,
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
                 reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
@@ -154,11 +134,10 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
       impl: "chunked" (dual form, default), "reference" (token by token), "pallas" (fused
         kernel), "auto" (pallas on GPU/TPU, chunked on CPU), or any registered one.
       read: "after_write" or "chunk_start" (see above).
-      reset: optional [T] bool. Before a chunk whose first token has reset=True the state returns
-        to (reset_to, 0). Resets are honoured only at chunk starts (t % chunk_size == 0); a reset
-        elsewhere raises ValueError outside jit and is ignored under jit (:func:`check_resets`).
-        The data pipeline starts every document at a multiple of ``data.doc_align``, and the
-        configs require chunk sizes dividing it (:mod:`titans_lm.config.alignment`).
+      reset: optional [T] bool document starts, at any position: before a token with
+        reset=True the state returns to (reset_to, 0) and a new mini-batch begins there (a start
+        inside a chunk cuts that chunk in two; the chunk grid stays at multiples of chunk_size).
+        Exact in every implementation (docs/design.md#resets-inside-a-chunk).
       reset_to: the parameters a reset restores (default: params0); same structure as params0.
       running_mean: TTT's reads inside a mini-batch (Sun et al. 2024; ttt-lm-jax ``token_idx``):
         the read at position j (0-based) of its chunk sees the gradient terms scaled by
@@ -182,7 +161,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
       or float64).
     Raises:
       ValueError: naming the first bad argument (shapes, ranks, chunk size, read mode, impl,
-        parameter layout; outside jit also gate ranges and resets off chunk starts).
+        parameter layout; outside jit also gate ranges).
     """
     model = resolve_model(model)
     params0 = _as_params(params0, "params0")
@@ -224,7 +203,6 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     if read not in READ_MODES:
         raise ValueError(f"read must be one of {READ_MODES}, got {read!r}")
     check_gates(theta, eta, None if log_keep is not None else alpha, log_keep)
-    check_resets(reset, chunk_size)
     if state_length is not None:
         if isinstance(state_length, bool):
             raise ValueError(f"state_length must be an integer, got {state_length!r}")

@@ -34,12 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titans_lm.memory.chunked import chunk_step_from_coefficients, chunked_scan, end_rows
+from titans_lm.memory.chunked import (chunk_step_from_coefficients, chunked_scan, end_rows,
+                                      starts_inside_chunks)
 from titans_lm.memory.coefficients import chunk_coefficients, running_mean_scale, with_running_mean
 from titans_lm.memory.inner_models import InnerModel
 from titans_lm.memory.pallas.chunk import (GATE_ROWS, ROW_ETA, ROW_LOG_KEEP, ROW_READ_SCALE,
                                            ROW_RESET, ROW_THETA)
 from titans_lm.memory.pallas.plan import KernelPlan, log_fallback, make_plan, resolve_backend
+from titans_lm.nn.segments import is_concrete
 
 
 def _forward_fn(plan: KernelPlan):
@@ -199,7 +201,7 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                 backend: str | None = None, interpret: bool | None = None,
                 precision: str = "highest", running_mean: bool = False, log_keep=None,
-                state_length=None):
+                state_length=None, inside_starts=None):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -214,6 +216,14 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         NVIDIA GPUs, bfloat16 passes on TPUs).
       running_mean, log_keep: as memory_scan's (the kernel receives the forget gate as
         log(1 - alpha) either way, and the read scale as a gate row).
+      inside_starts: bool scalar, whether any document starts inside a chunk
+        (:func:`~titans_lm.memory.chunked.starts_inside_chunks`). The kernel resets only at chunk
+        starts; where this is true the call runs ``chunked`` instead, exact either way: a Python
+        bool picks one, a traced scalar picks at run time (``lax.cond``). None: from ``reset``
+        when it is concrete; for traced resets both run and each row selects its result (a
+        flag computed from a ``reset`` batched by vmap would turn a cond into that select
+        anyway), so the layer computes one flag for the whole batch and passes it unbatched
+        (``NeuralMemory.scan``).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -239,9 +249,33 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
                             chunks_per_checkpoint=chunks_per_checkpoint,
                             running_mean=running_mean, log_keep=log_keep)
-    forget = alpha if log_keep is None else log_keep
-    return kernel_scan(plan, tuple(params0), tuple(momentum0), k, v, q, theta, eta, forget, reset,
-                        tuple(reset_to))
+    if inside_starts is None and is_concrete(reset):
+        r = np.asarray(reset)
+        inside_starts = bool(np.any(r & (np.arange(r.shape[-1]) % chunk_size != 0)))
+
+    def exact_chunked(operands):
+        p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
+        return chunked_scan(p0, m0, k_, v_, q_, th, et, al, rs, model=model, chunk_size=chunk_size,
+                            read=read, reset_to=r0, chunks_per_checkpoint=chunks_per_checkpoint,
+                            running_mean=running_mean, log_keep=lk)
+
+    def kernel(operands):
+        p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
+        reads, (P, S) = kernel_scan(plan, p0, m0, k_, v_, q_, th, et, al if lk is None else lk,
+                                    rs, r0)
+        return reads.astype(k_.dtype), (tuple(x.astype(k_.dtype) for x in P),
+                                        tuple(x.astype(k_.dtype) for x in S))
+
+    operands = (tuple(params0), tuple(momentum0), k, v, q, theta, eta, alpha, reset,
+                tuple(reset_to), log_keep)
+    if isinstance(inside_starts, bool):
+        return (exact_chunked if inside_starts else kernel)(operands)
+    if inside_starts is None:
+        # Traced resets and no flag from the caller (e.g. vmap over memory_scan itself): the
+        # flag would be batched, and a cond on it a select, so run both and select per row.
+        return jax.tree.map(functools.partial(jnp.where, starts_inside_chunks(reset, chunk_size)),
+                            exact_chunked(operands), kernel(operands))
+    return jax.lax.cond(inside_starts, exact_chunked, kernel, operands)
 
 
 def auto_choice(platform: str) -> str:
@@ -254,7 +288,8 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
               running_mean: bool = False, log_keep=None, state_length=None, **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
-    ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs.
+    ``pallas_options`` (backend, interpret, precision, inside_starts) apply only when the kernel
+    runs.
     """
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,

@@ -1,7 +1,6 @@
-"""Document starts and chunk starts in the engine: resets off a chunk start raise outside jit, and
-packed documents of every length from 1 to 3 chunks (each padded to the alignment, as the pipeline
-pads them) equal each one alone. (The configs that could put a reset inside a chunk are rejected
-by the config: tests/config/test_alignment.py.)"""
+"""Documents in the memory layer: packed documents of every length from 1 to 3 chunks, back to back
+(so they start at every offset inside a chunk) or padded to the chunk grid, equal each one alone
+at the same offset inside a chunk (the other documents replaced by padding)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,26 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from titans_lm.memory import MemoryConfig, NeuralMemory, memory_scan
+from titans_lm.memory import MemoryConfig, NeuralMemory
 from _memory_call import call_fresh
 
 CHUNK = 4
-
-
-def test_a_reset_off_a_chunk_start_raises_outside_jit_and_is_ignored_under_jit():
-    with jax.enable_x64(True):
-        T, d = 8, 3
-        rng = np.random.default_rng(0)
-        k, v, q = (jnp.asarray(rng.normal(size=(T, d))) for _ in range(3))
-        g = jnp.full((T,), 0.1)
-        W = (jnp.eye(d),)
-        reset = jnp.zeros(T, bool).at[3].set(True)
-        kw = dict(model="linear", chunk_size=CHUNK)
-        with pytest.raises(ValueError, match="reset at position 3 .* is not a chunk start"):
-            memory_scan(W, (jnp.zeros((d, d)),), k, v, q, g, g, g, reset=reset, **kw)
-        f = jax.jit(lambda r: memory_scan(W, (jnp.zeros((d, d)),), k, v, q, g, g, g, reset=r,
-                                          **kw)[0])
-        np.testing.assert_array_equal(f(reset), f(jnp.zeros(T, bool)))
 
 
 def _packed_window(lengths, align):
@@ -48,9 +31,10 @@ def _packed_window(lengths, align):
          memory_bias=True, read_running_mean=True, gate_style="ttt", use_momentum=False,
          use_decay=False, use_conv=False, qk_l2_norm=False),
 ], ids=["titans-chunked", "titans-reference", "ttt-chunked"])
-def test_packed_documents_of_every_length_equal_each_alone(settings):
+@pytest.mark.parametrize("align", [1, CHUNK], ids=["back-to-back", "chunk-aligned"])
+def test_packed_documents_of_every_length_equal_each_alone(settings, align):
     lengths = list(range(1, 3 * CHUNK + 1))        # 1 token .. 3 chunks
-    ids, starts = _packed_window(lengths, CHUNK)
+    ids, starts = _packed_window(lengths, align)
     T = len(ids)
     with jax.enable_x64(True):
         cfg = MemoryConfig(d_model=16, n_heads=2, head_dim=8, chunk_size=CHUNK, memory_expansion=2.0,
@@ -60,15 +44,18 @@ def test_packed_documents_of_every_length_equal_each_alone(settings):
             layer = NeuralMemory(cfg, rngs=nnx.Rngs(0))
         x = jax.random.normal(jax.random.key(1), (1, T, 16), jnp.float64)
         packed = np.asarray(call_fresh(layer, x, jnp.asarray(ids)[None]))
-        alone_x = np.zeros((len(lengths), 3 * CHUNK, 16))
-        alone_ids = np.zeros((len(lengths), 3 * CHUNK), np.int32)
+        alone_x = np.zeros((len(lengths), 4 * CHUNK, 16))       # padding, then the document
+        alone_ids = np.zeros((len(lengths), 4 * CHUNK), np.int32)  # at its offset in a chunk
         for n, (L, s) in enumerate(zip(lengths, starts)):
-            alone_x[n, :L] = np.asarray(x[0, s:s + L])
-            alone_ids[n, :L] = 1
+            o = s % CHUNK
+            alone_x[n, o:o + L] = np.asarray(x[0, s:s + L])
+            alone_ids[n, o:o + L] = 1
         alone = np.asarray(call_fresh(layer, jnp.asarray(alone_x), jnp.asarray(alone_ids)))
         worst = 0.0
         for n, (L, s) in enumerate(zip(lengths, starts)):
-            worst = max(worst, float(np.max(np.abs(packed[0, s:s + L] - alone[n, :L]))))
+            o = s % CHUNK
+            worst = max(worst, float(np.max(np.abs(packed[0, s:s + L] - alone[n, o:o + L]))))
+        assert align == CHUNK or {s % CHUNK for s in starts} == set(range(CHUNK))
         print(f"\n{len(lengths)} documents of 1..{3 * CHUNK} tokens packed in {T}: "
               f"max |packed - alone| = {worst:.1e}")
         assert worst < 1e-12
