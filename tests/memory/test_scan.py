@@ -271,3 +271,28 @@ def test_gates_out_of_range_raise_outside_jit(impl):
     # Under jit the values are not checked (documented: the layer's gates are in range by
     # construction).
     jax.jit(lambda th: call(th, eta, alpha)[0])(theta.at[2].set(-0.1))
+
+
+def test_calls_outside_jit_compile_once_per_configuration(monkeypatch):
+    """memory_scan outside jit runs one compiled program per (implementation, model, chunk size,
+    read mode, static options, shapes): new values reuse it, a new chunk size compiles again."""
+    from titans_lm.memory import scan as scan_module
+    compiled = []
+    real = scan_module._compiled.__wrapped__
+
+    def counting(fn, static_names):
+        jitted = real(fn, static_names)
+        compiled.append(jitted)
+        return jitted
+    monkeypatch.setattr(scan_module, "_compiled", functools.lru_cache(maxsize=None)(counting))
+    rng = np.random.default_rng(0)
+    T, d = 24, 4
+    for seed, chunk in ((0, 8), (1, 8), (2, 8), (3, 4)):
+        rng = np.random.default_rng(seed)
+        k, v, q = (jnp.asarray(rng.normal(size=(T, d)), jnp.float32) for _ in range(3))
+        g = jnp.asarray(rng.uniform(0, 0.1, T), jnp.float32)
+        memory_scan((jnp.eye(d),), (jnp.zeros((d, d)),), k, v, q, g, g, g, model="linear",
+                    chunk_size=chunk, reset=jnp.zeros(T, bool).at[seed + 3].set(True),
+                    state_length=seed + 5)
+    assert len(compiled) == 1
+    assert compiled[0]._cache_size() == 2     # chunk 8 once (three calls), chunk 4 once

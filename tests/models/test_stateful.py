@@ -5,8 +5,10 @@ the training call equals the stateful call from ``init_state``.
 
 Sizes (``tests/_backbones.py``): d_model 32, 2 layers, memory chunk 16, attention window 24, MAC
 segment 32, 3 persistent tokens; Transformer++ with max_context 40 (so its bound is reached too).
-The stream holds two rows: one document with trailing padding, and documents starting at 16, 48
-and 80, so both halves of the middle splits hold a document boundary.
+The stream holds two rows: one document with trailing padding, and documents starting at 16, 37,
+53 and 80, so both halves of the middle splits hold a document boundary, and the cuts at 40 and
+64 fall inside documents that started inside a chunk (37 and 53: offset 5 of a chunk, inside a
+MAC segment and a sliding window).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ ATOL = 1e-10
 
 # Call boundaries of one stream. "all_split_kinds" cuts inside a chunk before the window fills (5),
 # at a chunk start (16), inside a MAC segment after the window fills (40), at a segment start (64);
-# "docs_in_both_halves" cuts once at 40, with document boundaries at 16 (first half), 48 and 80
-# (second half) in row 1. Few distinct call lengths keep the compilations few.
+# "docs_in_both_halves" cuts once at 40, with document boundaries at 16, 37 (first half), 53 and
+# 80 (second half) in row 1. Few distinct call lengths keep the compilations few.
 SPLITS = {
     "all_split_kinds": (5, 16, 40, 64),
     "docs_in_both_halves": (40,),
@@ -63,13 +65,13 @@ _INIT = nnx.jit(lambda m, b: m.init_state(b).continued(), static_argnums=1)
 
 def stream_batch(seed: int = 0):
     """tokens, segment ids int32 [2, T]: row 0 one document then padding from 88; row 1 documents
-    at 0, 16, 48 and 80."""
+    at 0, 16, 37, 53 and 80."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(4, VOCAB, (2, T)).astype(np.int32)
     seg = np.ones((2, T), np.int32)
     seg[0, 88:] = 0
     tokens[0, 88:] = 0
-    seg[1, 16:48], seg[1, 48:80], seg[1, 80:] = 2, 3, 4
+    seg[1, 16:37], seg[1, 37:53], seg[1, 53:80], seg[1, 80:] = 2, 3, 4, 5
     return tokens, seg
 
 

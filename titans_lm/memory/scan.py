@@ -18,7 +18,9 @@ supports ``state_length`` returns the state after that many tokens.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from typing import Callable, Sequence
 
 import jax
@@ -118,6 +120,9 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     chunk_size = 1 is online gradient descent (with momentum and decay); eta = alpha = 0 is TTT's
     mini-batch GD; a linear f with chunk_size 1 and eta = alpha = 0 is the delta rule with
     beta_t = 2 theta_t. Works under jax.jit, jax.vmap (batch, heads) and jax.grad of every input.
+    Inputs are validated eagerly, then the implementation runs under ``jax.jit`` with the model,
+    chunk size, read mode and non-array options static: called outside jit it compiles once per
+    configuration and shapes, not per call (inside an outer jit the nested jit is inlined).
 
     Args:
       params0: tuple of the inner model's parameters at t = 0 (layouts in
@@ -191,6 +196,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     for name, g in (("theta", theta), ("eta", eta), ("alpha", alpha), ("log_keep", log_keep)):
         if g is not None and g.shape != (T,):
             raise ValueError(f"{name} must be [T] = [{T}] (one gate per token), got {tuple(g.shape)}")
+    given_reset = reset is not None
     if reset is None:
         reset = jnp.zeros((T,), bool)
     else:
@@ -216,6 +222,8 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                              f"{jnp.shape(state_length)}")
         impl_options["state_length"] = state_length
     fn = get_implementation(impl)
+    if "inside_starts" in _parameters(fn) and "inside_starts" not in impl_options:
+        impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
 
     arrays = (k, v, q, theta, eta, alpha) + params0 + momentum0 + reset_to
     dtype = jnp.result_type(*arrays)
@@ -227,8 +235,46 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         impl_options["running_mean"] = True
     if log_keep is not None:
         impl_options["log_keep"] = log_keep.astype(dtype)
-    return fn(cast(params0), cast(momentum0), k, v, q, theta, eta, alpha, reset, model=model,
-              chunk_size=chunk_size, read=read, reset_to=cast(reset_to), **impl_options)
+    dynamic = {name: value for name, value in impl_options.items()
+               if name in ("log_keep", "state_length") or _is_array(value)}
+    static = {name: value for name, value in impl_options.items() if name not in dynamic}
+    compiled = _compiled(fn, tuple(sorted(static)))
+    return compiled(cast(params0), cast(momentum0), k, v, q, theta, eta, alpha, reset,
+                    cast(reset_to), dynamic, model=model, chunk_size=chunk_size, read=read,
+                    **static)
+
+
+def _parameters(fn) -> frozenset:
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def _inside_starts(given: bool, reset, chunk_size: int):
+    """Whether a document starts inside a chunk, as a Python bool where it is known before
+    tracing (no resets given, or concrete ones); None for traced resets."""
+    if not given:
+        return False
+    if not is_concrete(reset):
+        return None
+    r = np.asarray(reset)
+    return bool(np.any(r & (np.arange(r.shape[-1]) % chunk_size != 0)))
+
+
+def _is_array(value) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(fn: Callable, static_names: tuple) -> Callable:
+    """``fn`` under ``jax.jit`` with the model, chunk size, read mode and the non-array options
+    static, so that calls outside jit compile once per configuration and shapes (inside an outer
+    jit the nested jit is inlined)."""
+    def call(params0, momentum0, k, v, q, theta, eta, alpha, reset, reset_to, dynamic, **static):
+        return fn(params0, momentum0, k, v, q, theta, eta, alpha, reset, reset_to=reset_to,
+                  **dynamic, **static)
+    return jax.jit(call, static_argnames=("model", "chunk_size", "read") + static_names)
 
 
 def memory_read(params: Sequence[jax.Array], q: jax.Array, model: InnerModel | str) -> jax.Array:
