@@ -20,6 +20,10 @@ token relative to the smallest T.
         --T 1024 4096 16384
     python scripts/benchmark.py engine --full                   # the whole grid (slow on CPU;
                                                                 # reference only up to T=4096)
+    python scripts/benchmark.py engine --impls chunked --starts none grid inside   # resets
+
+``--starts`` adds document starts (the same in every row): on the chunk grid, or inside chunks
+(docs/design.md#resets-inside-a-chunk); the summary gives each one's time relative to none.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from titans_lm.bench.inputs import build_fns, make_inputs
+from titans_lm.bench.inputs import STARTS, build_fns, document_starts, make_inputs
 from titans_lm.bench.timing import Job, rounds, timing_fields
 from titans_lm.memory import LinearMemory, MLPMemory
 
@@ -66,6 +70,9 @@ def main(argv=None):
     p.add_argument("--expansion", type=float, default=4.0, help="MLP hidden width / d")
     p.add_argument("--chunks-per-checkpoint", type=int, default=1,
                    help="chunked engine: chunks per remat group; 0 keeps every chunk's internals")
+    p.add_argument("--starts", nargs="+", default=["none"], choices=STARTS,
+                   help="document starts: none (one document), grid (every 4 chunks, at chunk "
+                        "starts), inside (every 37 tokens, nearly all inside a chunk)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up call)")
     p.add_argument("--reference-max-T", type=int, default=4096,
                    help="skip the reference above this T: its backward stores the weights of every "
@@ -95,14 +102,17 @@ def main(argv=None):
                 for chunk in a.chunks:
                     if impl == "reference" and chunk != a.chunks[0]:
                         continue  # the reference's cost does not depend on the chunk size
-                    for T in a.T:
+                    for T, starts in ((T, s) for T in a.T for s in a.starts):
                         if impl == "reference" and T > a.reference_max_T:
                             continue
                         args = make_inputs(model, a.batch, T, d)
                         options = {"chunks_per_checkpoint": a.chunks_per_checkpoint} if impl == "chunked" else {}
-                        forward, fwd_bwd = build_fns(impl, model, chunk, options)
+                        forward, fwd_bwd = build_fns(impl, model, chunk, options,
+                                                     document_starts(starts, T, chunk))
                         row = {"impl": impl, "model": model_name, "d": d, "chunk": chunk, "T": T,
                                "batch": a.batch, "backend": jax.default_backend()}
+                        if starts != "none":
+                            row["starts"] = starts
                         if model_name == "mlp":
                             row["hidden"] = MLPMemory(expansion=a.expansion).hidden_width(d)
                         if impl == "chunked":
@@ -190,7 +200,7 @@ def summarize(rows):
 
     out = []
     for r in find(impl="chunked"):
-        for ref in find(impl="reference", model=r["model"], d=r["d"], T=r["T"]):
+        for ref in find(impl="reference", model=r["model"], d=r["d"], T=r["T"], starts=r.get("starts")):
             for mode in ("fwd", "fwd_bwd"):
                 if mode in r and mode in ref:
                     out.append({"speedup": f"chunked/reference {mode}", "model": r["model"], "d": r["d"],
@@ -198,7 +208,8 @@ def summarize(rows):
                                 "x_median": round(ref[mode]["seconds"] / r[mode]["seconds"], 2),
                                 "x_min": round(ref[mode]["seconds_min"] / r[mode]["seconds_min"], 2)})
     for r in find(impl="chunked"):
-        base = find(impl="chunked", model=r["model"], d=r["d"], chunk=r["chunk"], T=min(x["T"] for x in rows))
+        base = find(impl="chunked", model=r["model"], d=r["d"], chunk=r["chunk"],
+                    T=min(x["T"] for x in rows), starts=r.get("starts"))
         if base and r["T"] != base[0]["T"]:
             for mode in ("fwd", "fwd_bwd"):
                 if mode in r:
@@ -206,6 +217,16 @@ def summarize(rows):
                                 "model": r["model"], "d": r["d"], "chunk": r["chunk"],
                                 "ratio_median": round(r[mode]["us_per_token"] / base[0][mode]["us_per_token"], 3),
                                 "ratio_min": round(r[mode]["us_per_token_min"] / base[0][mode]["us_per_token_min"], 3)})
+    for r in rows:
+        if r.get("starts"):
+            for base in find(impl=r["impl"], model=r["model"], d=r["d"], chunk=r["chunk"], T=r["T"],
+                             starts=None):
+                for mode in ("fwd", "fwd_bwd"):
+                    if mode in r and mode in base:
+                        out.append({"starts": f"{r['impl']} {mode} seconds with {r['starts']} / none",
+                                    "model": r["model"], "d": r["d"], "chunk": r["chunk"], "T": r["T"],
+                                    "ratio_median": round(r[mode]["seconds"] / base[mode]["seconds"], 3),
+                                    "ratio_min": round(r[mode]["seconds_min"] / base[mode]["seconds_min"], 3)})
     for o in out:
         print(json.dumps(o), flush=True)
 

@@ -38,13 +38,31 @@ def make_inputs(model, batch: int, T: int, d: int, *, seed: int = 0, theta_max: 
     return params0, momentum0, k, v, q, theta, eta, alpha
 
 
-def build_fns(impl: str, model, chunk: int, options: dict | None = None):
+STARTS = ("none", "grid", "inside")
+
+
+def document_starts(kind: str, T: int, chunk: int) -> np.ndarray | None:
+    """bool [T] document starts for the benchmarks: "none" (None: one document), "grid" (every
+    4 chunks, at chunk starts: documents padded to the grid) or "inside" (every 37 tokens: nearly
+    all inside a chunk, documents packed back to back)."""
+    if kind == "none":
+        return None
+    every = 4 * chunk if kind == "grid" else 37
+    reset = np.zeros(T, bool)
+    reset[every::every] = True
+    return reset
+
+
+def build_fns(impl: str, model, chunk: int, options: dict | None = None, reset=None):
     """(forward, forward_backward), not jitted, over a batch of :func:`make_inputs` arguments.
 
     forward returns ``(reads, (params_T, momentum_T))``; forward_backward returns the value and
     the gradients (w.r.t. all 8 arguments) of a scalar that uses the reads and the final state.
+    ``reset``: optional bool [T] document starts, the same for every row.
     """
-    options = options or {}
+    options = dict(options or {})
+    if reset is not None:
+        options["reset"] = jnp.asarray(reset)
 
     def one(params0, momentum0, k, v, q, theta, eta, alpha):
         return memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, model=model,
