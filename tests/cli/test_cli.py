@@ -5,6 +5,7 @@ import json
 import pytest
 
 from _tiny_run import CONFIG_FILE, cli_args, run_cli
+from titans_lm.eval.results import read_results
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +78,7 @@ def test_prepare_train_then_eval(cache, tmp_path):
     assert "model transformer:" in p.stderr and "parameters" in p.stderr
     for name in ("tinyshakespeare-test", "wikitext2-test"):  # --eval_after: the table and JSON
         assert name in p.stdout
-        res = json.loads((workdir / f"eval_{name}.json").read_text())
+        (res,) = read_results(workdir, name)
         assert res["step"] == 4 and res["model"]["n_tokens"] > 0
         assert res["model"]["token_ppl"] > 1 and res["unigram"]["token_ppl"] > 1
     assert "token ppl" in p.stdout and "bits/byte" in p.stdout and "unigram" in p.stdout
@@ -85,6 +86,6 @@ def test_prepare_train_then_eval(cache, tmp_path):
     text.write_text("To be, or not to be, that is the question.\n" * 5)
     p = run_cli(["eval", f"--workdir={workdir}", f"--text={text}", "--step=3"])
     assert p.returncode == 0, p.stderr
-    (res_file,) = workdir.glob("eval_text-my notes.txt-*.json")
+    (res_file,) = workdir.glob("eval_text-my notes.txt-*_step3_reset.json")
     res = json.loads(res_file.read_text())
     assert res["step"] == 3 and res["model"]["n_words"] == 50 and "text-my notes.txt-" in p.stdout
