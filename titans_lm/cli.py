@@ -174,8 +174,9 @@ def command_help(cmd: str) -> str:
     elif "config" in COMMAND_FLAGS[cmd]:
         lines.append("  --config.<section>.<field>=VALUE: override any field of the config, e.g. "
                      "--config.train.steps=100")
-    lines += ["", "exit status: 0 done; 1 an error (one message); 2 bad usage; 143 / 130 after "
-              "SIGTERM / Ctrl-C once the checkpoint is saved (rerun the command to resume)"]
+    stop = ("143 / 130 after SIGTERM / Ctrl-C once the checkpoint is saved (rerun the command "
+            "to resume)" if cmd == "train" else "143 / 130 after SIGTERM / Ctrl-C")
+    lines += ["", f"exit status: 0 done; 1 an error (one message); 2 bad usage; {stop}"]
     return "\n".join(lines)
 
 

@@ -49,8 +49,10 @@ def test_command_help_lists_the_command_flags():
     for text in ("--config:", "--workdir:", "--eval_after:", "--noeval_after", "--config.<section>",
                  "143 / 130"):
         assert text in p.stdout, p.stdout
+    assert "rerun the command to resume" in p.stdout
     p = run_cli(["eval", "-h"])
     assert p.returncode == 0 and "--step:" in p.stdout and "--eval_after" not in p.stdout
+    assert "143 / 130" in p.stdout and "resume" not in p.stdout  # nothing of eval resumes
     assert "allowed fields: data.seq_len" in p.stdout  # the overrides eval honours
     _no_traceback(p)
 

@@ -50,6 +50,7 @@ def test_own_corpus_trains_evaluates_and_records_the_run(run):
     root, corpus, args, p = run
     w = root / "run"
     assert "user-my_corpus/train: tokenized 6 docs" in p.stderr  # 8 files: 1 validation, 1 test
+    assert "user-my_corpus/validation holds" in p.stderr and "user-my_corpus/test holds" in p.stderr
     assert "step 1/6: loss" in p.stderr and "step 6/6: loss" in p.stderr  # no TTY: plain lines
     assert "user-my_corpus-test" in p.stdout
     assert (w / "eval_user-my_corpus-test_step6_reset.json").is_file()
