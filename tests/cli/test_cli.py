@@ -65,8 +65,10 @@ def test_missing_data_file_is_named(cache, tmp_path):
     assert "missing data file" in p.stderr and f"{empty}/tinyshakespeare/input.txt" in p.stderr
     _no_traceback(p)
     p = run_cli(["eval", f"--workdir={tmp_path / 'never_trained'}"])
-    assert p.returncode == 1 and "no checkpoints in" in p.stderr
+    assert p.returncode == 1 and "never_trained: no such folder" in p.stderr, p.stderr
     _no_traceback(p)
+    p = run_cli(["eval", f"--workdir={empty}"])  # a folder without a run
+    assert p.returncode == 1 and "no checkpoints in" in p.stderr, p.stderr
 
 
 def test_prepare_train_then_eval(cache, tmp_path):

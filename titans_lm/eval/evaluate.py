@@ -56,10 +56,11 @@ from titans_lm.config.overrides import result_suffix
 from titans_lm.config import BOS_ID, PAD_ID
 from titans_lm.data.corpora import load_documents, load_text_file
 from titans_lm.data.prepare import prepare, tokenize_documents
+from titans_lm.data.tokenizer import Tokenizer
 from titans_lm.data.user_corpus import corpus_label, load_split
 from titans_lm.data.windows import eval_batches
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_totals
-from titans_lm.eval.restore import load_run
+from titans_lm.eval.restore import load_run, require_run_dir
 from titans_lm.eval.results import result_file_name
 from titans_lm.eval.streaming import (CONTEXT_MODES, carry_note, make_carry_step,
                                       score_documents_carry)
@@ -181,9 +182,11 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
 
     Raises:
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
+      FileNotFoundError: ``workdir`` does not exist.
       ValueError / FileNotFoundError: unknown split or context, missing or unreadable text, an
         override eval cannot apply, or training data that changed since the run was trained.
     """
+    require_run_dir(workdir)
     if is_task_run(workdir, step):  # a synthetic task: accuracy on its answers, not perplexity
         modes = context_modes(context) if context is not None else None
         return {"task": {"records": evaluate_task(workdir, step, context=modes, log=log,
@@ -198,7 +201,10 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
                                                run.mesh, run.step)
     suffix = result_suffix(overrides or {}, run.saved_cfg)
     datasets = _datasets(cfg, split, text_file, wikitext)
-    prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
+    # An exported model brings its tokenizer; a run folder's is rebuilt from the training text.
+    exported_tok = Tokenizer.load(run.tokenizer_file) if run.tokenizer_file else None
+    prepared = prepare(cfg.data, tokenizer=exported_tok, splits=("train",), log=None,
+                       check_windows=False)
     check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
     tokenizer = prepared.tokenizer
 

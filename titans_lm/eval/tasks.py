@@ -44,6 +44,7 @@ import ml_collections
 import numpy as np
 
 from titans_lm.data.tasks import eval_settings, task_rows, task_spec
+from titans_lm.eval.exported import is_export, read_config as read_export_config
 from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import stream_init_fn
 from titans_lm.train.checkpoint import Checkpointer, CheckpointError
@@ -209,6 +210,8 @@ def is_task_run(workdir: str | Path, step: int | None = None) -> bool:
       titans_lm.train.checkpoint.CheckpointError: no checkpoint (or none for ``step``), or
         ``step``'s config cannot be read.
     """
+    if is_export(workdir):
+        return bool(read_export_config(workdir).data.get("task", ""))
     ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
     try:
         candidates = [ckpt.resolve_step(step)] if step is not None else ckpt.steps()[::-1]
