@@ -20,14 +20,16 @@ once (``titans_lm.eval.evaluate.score_documents``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
+from absl import logging as absl_logging
 
 from titans_lm.data.corpora import Document
 from titans_lm.data.prepare import tokenize_documents
@@ -41,6 +43,18 @@ from titans_lm.generate.run import context_bound, run_tokenizer
 from titans_lm.generate.sampling import SamplingConfig
 from titans_lm.train.run_files import read_run_data
 from titans_lm.train.state import count_params
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """Orbax's warnings about reading a checkpoint read-only are not the user's concern (the
+    command line silences them likewise); errors still show."""
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(level)
 
 
 def _tokenizer(run: LoadedRun, path: Path) -> Tokenizer:
@@ -63,7 +77,8 @@ def export(workdir: str | Path, out: str | Path, step: int | None = None, *,
       titans_lm.eval.exported.ExportError: ``out`` is a run folder or holds other files; or the
         tokenizer rebuilt differs from the one the run recorded in its ``data.json``.
     """
-    run = load_run(workdir, step, bad_checkpoint=bad_checkpoint)
+    with _quiet_orbax():
+        run = load_run(workdir, step, bad_checkpoint=bad_checkpoint)
     tokenizer = _tokenizer(run, Path(workdir).resolve())
     record = read_run_data(workdir)
     if record and record.get("tokenizer_sha256") not in (None, tokenizer.fingerprint):
@@ -191,7 +206,8 @@ def load(path: str | Path, step: int | None = None, *, max_context: int | None =
       titans_lm.generate.run.TokenizerMissingError: a run folder whose tokenizer cannot be
         rebuilt (its training text is gone; export the run where it is there).
     """
-    run = load_run(path, step, max_context=max_context)
+    with _quiet_orbax():
+        run = load_run(path, step, max_context=max_context)
     return Pretrained(cfg=run.cfg, step=run.step, tokenizer=_tokenizer(run, Path(path).resolve()),
                       run=run)
 
