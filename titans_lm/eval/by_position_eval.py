@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from titans_lm.config.overrides import result_suffix
 from titans_lm.data.prepare import prepare, tokenize_documents
+from titans_lm.data.tokenizer import Tokenizer
 from titans_lm.data.windows import document_windows, num_windows
 from titans_lm.eval.ablation import (ablate_memory, ablation_summary, ablation_window,
                                      check_has_memory, format_ablation)
@@ -211,7 +212,9 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     run = load_run(workdir, step, overrides=overrides)
     cfg, mesh = run.cfg, run.mesh
     suffix = result_suffix(overrides or {}, run.saved_cfg)
-    prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
+    exported_tok = Tokenizer.load(run.tokenizer_file) if run.tokenizer_file else None
+    prepared = prepare(cfg.data, tokenizer=exported_tok, splits=("train",), log=None,
+                       check_windows=False)
     check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
     name, _, _, docs = _datasets(cfg, split, text_file, False)[0]
     name += suffix
