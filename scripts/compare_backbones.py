@@ -26,7 +26,6 @@ A backbone whose training fails (e.g. a non-finite loss) gets a row saying so.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -36,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from titans_lm.bench import sweep  # noqa: E402  (no jax: the runs train in their own processes)
 from titans_lm.bench.output import write_json  # noqa: E402
+from titans_lm.eval.results import latest_result  # noqa: E402  (no jax either)
+
 BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
 
 
@@ -99,12 +100,11 @@ def summarize(name: str, workdir: Path, args: argparse.Namespace, status: str, w
            "wall_s": round(wall_s, 1), "message": message}
     row["final_train_loss"] = sweep.final_train_loss(workdir, args.final_window)
     row["train_tokens_per_sec"] = sweep.median_tokens_per_sec(workdir)
-    for key, fname, metric in (("heldout_token_ppl", f"eval_{args.corpus}-test.json", "token_ppl"),
-                               ("wiki2_word_ppl", "eval_wikitext2-test.json", "word_ppl")):
-        path = workdir / fname
+    for key, dataset, metric in (("heldout_token_ppl", f"{args.corpus}-test", "token_ppl"),
+                                 ("wiki2_word_ppl", "wikitext2-test", "word_ppl")):
+        res = latest_result(workdir, dataset)  # the newest step's, every document if scored so
         row[key] = None
-        if path.is_file():
-            res = json.loads(path.read_text())
+        if res is not None:
             row[key] = res["model"].get(metric)
             row["params"] = res["n_params"]
     return row

@@ -11,8 +11,12 @@ it, never from a later one):
     5  train                      train state, step, sharding, checkpoints, the loop (may import data;
                                   data never imports train: one layer, one direction)
     6  eval                       perplexity, carry mode, tasks, run restore
-    7  generate                   decoding
+    7  generate, pretrained       decoding; a trained model in and out (export, load)
     8  cli, bench                 the command line; benchmarks, probes and sweeps (scripts/ use them)
+
+The package's own ``__init__`` (``titans_lm``) is the public face over all of them: it sits above
+every layer (its ``titans_lm.load`` imports :mod:`titans_lm.pretrained` on first use). Every
+other module matched by no entry but the package's falls to layer 0, the strictest.
 
 What is checked, by walking the syntax trees of ``titans_lm/**.py`` (nothing is imported):
 
@@ -48,6 +52,7 @@ LAYERS: dict[str, int] = {
     "titans_lm.train": 5,
     "titans_lm.eval": 6,
     "titans_lm.generate": 7,
+    "titans_lm.pretrained": 7,
     "titans_lm.cli": 8,
     "titans_lm.bench": 8,
 }
@@ -65,6 +70,8 @@ def module_name(path: Path, root: Path = ROOT) -> str:
 
 
 def layer_of(module: str, layers: dict[str, int] = LAYERS) -> int | None:
+    if module == "titans_lm":  # the package's __init__: above every layer (module docstring)
+        return max(layers.values()) + 1
     best = None
     for prefix, rank in layers.items():
         if module == prefix or module.startswith(prefix + "."):

@@ -8,6 +8,7 @@
                       [--temperature=T] [--top_k=K] [--top_p=P] [--seed=S]
     titans-lm config  --config=configs/transformer.py:tiny [--config.train.steps=100]
     titans-lm plot    runs/tiny [runs/other ...] [--out=curves.png] [--by_position]
+    titans-lm export  --workdir=runs/tiny --out=exports/tiny [--step=N]
     titans-lm launch  [--num_processes=2] [--devices_per_process=4] [--command=train|eval] -- FLAGS
 
 ``train`` resumes from the newest checkpoint in ``--workdir`` when there is one (rerun the same
@@ -16,8 +17,11 @@ on the held-out text. The default workdir is ``runs/<config file name>-<size>``;
 resolved config (``config.json``, which ``config`` prints without training), the data record
 (``data.json``), ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and the ``eval_*.json`` results.
 ``plot`` draws the loss and throughput curves of runs into a PNG (``--by_position``: their
-loss-by-position results, ``titans_lm.eval.by_position``). ``launch`` runs ``train`` (or ``eval``)
-as several cooperating processes on this machine (``titans_lm.train.launch``).
+loss-by-position results, ``titans_lm.eval.by_position``). ``export`` writes a checkpoint's
+parameters (safetensors) with the config and the tokenizer to a folder that ``eval``,
+``generate`` and ``titans_lm.load`` read like a run folder (``titans_lm.pretrained``).
+``launch`` runs ``train`` (or ``eval``) as several cooperating processes on this machine
+(``titans_lm.train.launch``).
 
 Any config field can be overridden with ``--config.<section>.<field>=value``; an unknown field, a
 value of the wrong type, or a missing config file stops with a message naming it. Exit status: 0
@@ -47,7 +51,7 @@ from titans_lm.data.user_corpus import resolve_config
 
 COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot")
 
-COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot", "launch")
+COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot", "launch", "export")
 
 _CONFIG = define_config_flag(
     "config", "Run config: path/to/config.py[:size], e.g. configs/transformer.py:tiny.")
@@ -61,12 +65,13 @@ _SPLIT = flags.DEFINE_enum("split", "test", ["test", "validation"],
                            "eval: held-out split of the training corpus.")
 _TEXT = flags.DEFINE_string("text", None, "eval: score this UTF-8 text file instead.")
 _STEP = flags.DEFINE_integer(
-    "step", None, "eval, generate: checkpoint step (default: the newest).")
+    "step", None, "eval, generate, export: checkpoint step (default: the newest).")
 _WIKITEXT = flags.DEFINE_boolean(
     "wikitext", True, "eval: also score WikiText-2 (its validation set with --split=validation, "
     "else its test set).")
 _OUT = flags.DEFINE_string("out", None, "plot: the PNG to write (default: <workdir>/curves.png "
-                           "for one run, curves.png here for several).")
+                           "for one run, curves.png here for several). export: the folder to "
+                           "write (new, empty, or an earlier export).")
 _CONTEXT = flags.DEFINE_enum(
     "context", None, ["reset", "carry", "both"],
     "eval: reset = every window from the initial state (as in training); carry = each document "
@@ -125,7 +130,8 @@ COMMAND_FLAGS = {"prepare": ("config", "verbose"),
                           "coordinator_address", "num_processes", "process_id"),
                  "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
                               "top_k", "top_p", "seed", "max_context", "step", "verbose"),
-                 "config": ("config",), "plot": ("out", "by_position", "title", "pattern")}
+                 "config": ("config",), "plot": ("out", "by_position", "title", "pattern"),
+                 "export": ("workdir", "out", "step", "bad_checkpoint", "verbose")}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
     "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
@@ -135,6 +141,9 @@ _COMMAND_SUMMARY = {
     "config": "Print the resolved config (the config.json a run would hold) without training.",
     "plot": "titans-lm plot W1 [W2 ...]: draw train/validation loss and tokens/s of runs into a PNG "
             "(--by_position: their loss by position in the document; prints a JSON summary).",
+    "export": "Write the newest (or --step) checkpoint's parameters (model.safetensors) with "
+              "config.json and tokenizer.model to the folder --out, which eval, generate and "
+              "titans_lm.load read like a run folder.",
     "launch": "titans-lm launch [flags] -- FLAGS: run `titans-lm train` (or --command=eval) with "
               "FLAGS as N cooperating processes on this machine.",
 }
@@ -174,8 +183,9 @@ def command_help(cmd: str) -> str:
     elif "config" in COMMAND_FLAGS[cmd]:
         lines.append("  --config.<section>.<field>=VALUE: override any field of the config, e.g. "
                      "--config.train.steps=100")
-    lines += ["", "exit status: 0 done; 1 an error (one message); 2 bad usage; 143 / 130 after "
-              "SIGTERM / Ctrl-C once the checkpoint is saved (rerun the command to resume)"]
+    stop = ("143 / 130 after SIGTERM / Ctrl-C once the checkpoint is saved (rerun the command "
+            "to resume)" if cmd == "train" else "143 / 130 after SIGTERM / Ctrl-C")
+    lines += ["", f"exit status: 0 done; 1 an error (one message); 2 bad usage; {stop}"]
     return "\n".join(lines)
 
 
@@ -276,6 +286,17 @@ def _generate(inv: Invocation) -> int:
     return 0
 
 
+def _export(inv: Invocation) -> int:
+    from titans_lm.pretrained import export  # deliberate: lazy JAX
+    if _WORKDIR.value is None or _OUT.value is None:
+        raise UsageError("export needs --workdir (a trained run) and --out (the folder to write)")
+    inv.phase = "export; the folder --out was not written"
+    out = export(_WORKDIR.value, _OUT.value, _STEP.value, bad_checkpoint=_BAD_CHECKPOINT.value)
+    print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))} (read it with "
+          f"--workdir={out}, or titans_lm.load)")
+    return 0
+
+
 def _config(inv: Invocation) -> int:
     del inv
     cfg = _load_config()
@@ -305,7 +326,7 @@ def _plot(inv: Invocation) -> int:
 # the multi-process runtime is joined before anything touches JAX's backends.
 _MAINS: dict[str, Callable[[Invocation], int]] = {
     "prepare": _prepare, "train": _train, "eval": _eval, "generate": _generate, "config": _config,
-    "plot": _plot}
+    "plot": _plot, "export": _export}
 
 
 class Terminated(BaseException):

@@ -57,8 +57,10 @@ def test_compare_backbones_row_and_table(tmp_path):
                                f"--out={tmp_path}"])
     w = tmp_path / "transformer"
     _metrics(w, [{"step": s, "loss": 4.0 - s, "tokens_per_sec": 100.0 * s} for s in (1, 2, 3)])
-    (w / "eval_tinyshakespeare-test.json").write_text(json.dumps(
-        {"model": {"token_ppl": 12.5}, "n_params": 1000}))
+    for step, ppl in ((3, 12.5), (2, 99.0)):  # the newest step's result is the one quoted
+        (w / f"eval_tinyshakespeare-test_step{step}_reset.json").write_text(json.dumps(
+            {"name": "tinyshakespeare-test", "step": step, "model": {"token_ppl": ppl},
+             "n_params": 1000}))
     row = compare.summarize("transformer", w, args, "ok", 5.0)
     assert row["steps"] == 3 and row["tokens_trained"] == 3 * 2 * 8
     assert row["final_train_loss"] == pytest.approx(1.5)

@@ -17,6 +17,7 @@ import pytest
 
 from _backbones import REPO
 from _tiny_run import run_cli
+from titans_lm.eval.results import latest_result
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +71,7 @@ def test_train_checkpoint_resume_eval(name, shared, tmp_path):
         assert abs(again[step] - first[step]) <= 1e-5 * abs(first[step]), (step, first, again)
     assert "token ppl" in p.stdout  # the evaluation table
     for dataset in ("tinyshakespeare-test", "wikitext2-test"):
-        res = json.loads((workdir / f"eval_{dataset}.json").read_text())
+        res = latest_result(workdir, dataset)
         assert res["step"] == 4 and res["model_name"] == name and res["model"]["n_tokens"] > 0
         assert 1 < res["model"]["token_ppl"] < 1e4
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from _tiny_run import CONFIG_FILE, cli_args, run_cli
+from titans_lm.eval.results import read_results
 
 pytestmark = pytest.mark.e2e
 
@@ -48,8 +49,10 @@ def test_command_help_lists_the_command_flags():
     for text in ("--config:", "--workdir:", "--eval_after:", "--noeval_after", "--config.<section>",
                  "143 / 130"):
         assert text in p.stdout, p.stdout
+    assert "rerun the command to resume" in p.stdout
     p = run_cli(["eval", "-h"])
     assert p.returncode == 0 and "--step:" in p.stdout and "--eval_after" not in p.stdout
+    assert "143 / 130" in p.stdout and "resume" not in p.stdout  # nothing of eval resumes
     assert "allowed fields: data.seq_len" in p.stdout  # the overrides eval honours
     _no_traceback(p)
 
@@ -62,8 +65,10 @@ def test_missing_data_file_is_named(cache, tmp_path):
     assert "missing data file" in p.stderr and f"{empty}/tinyshakespeare/input.txt" in p.stderr
     _no_traceback(p)
     p = run_cli(["eval", f"--workdir={tmp_path / 'never_trained'}"])
-    assert p.returncode == 1 and "no checkpoints in" in p.stderr
+    assert p.returncode == 1 and "never_trained: no such folder" in p.stderr, p.stderr
     _no_traceback(p)
+    p = run_cli(["eval", f"--workdir={empty}"])  # a folder without a run
+    assert p.returncode == 1 and "no checkpoints in" in p.stderr, p.stderr
 
 
 def test_prepare_train_then_eval(cache, tmp_path):
@@ -77,7 +82,7 @@ def test_prepare_train_then_eval(cache, tmp_path):
     assert "model transformer:" in p.stderr and "parameters" in p.stderr
     for name in ("tinyshakespeare-test", "wikitext2-test"):  # --eval_after: the table and JSON
         assert name in p.stdout
-        res = json.loads((workdir / f"eval_{name}.json").read_text())
+        (res,) = read_results(workdir, name)
         assert res["step"] == 4 and res["model"]["n_tokens"] > 0
         assert res["model"]["token_ppl"] > 1 and res["unigram"]["token_ppl"] > 1
     assert "token ppl" in p.stdout and "bits/byte" in p.stdout and "unigram" in p.stdout
@@ -85,6 +90,6 @@ def test_prepare_train_then_eval(cache, tmp_path):
     text.write_text("To be, or not to be, that is the question.\n" * 5)
     p = run_cli(["eval", f"--workdir={workdir}", f"--text={text}", "--step=3"])
     assert p.returncode == 0, p.stderr
-    (res_file,) = workdir.glob("eval_text-my notes.txt-*.json")
+    (res_file,) = workdir.glob("eval_text-my notes.txt-*_step3_reset.json")
     res = json.loads(res_file.read_text())
     assert res["step"] == 3 and res["model"]["n_words"] == 50 and "text-my notes.txt-" in p.stdout

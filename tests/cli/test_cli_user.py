@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from _tiny_run import REPO, cli_args, one_device_env, run_cli
+from titans_lm.eval.results import read_results
 
 LMM_CONFIG = REPO / "configs" / "lmm.py"
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # one 6-step training run shared by the module, then CLI calls
@@ -49,8 +50,10 @@ def test_own_corpus_trains_evaluates_and_records_the_run(run):
     root, corpus, args, p = run
     w = root / "run"
     assert "user-my_corpus/train: tokenized 6 docs" in p.stderr  # 8 files: 1 validation, 1 test
+    assert "user-my_corpus/validation holds" in p.stderr and "user-my_corpus/test holds" in p.stderr
     assert "step 1/6: loss" in p.stderr and "step 6/6: loss" in p.stderr  # no TTY: plain lines
-    assert "user-my_corpus-test" in p.stdout and (w / "eval_user-my_corpus-test.json").is_file()
+    assert "user-my_corpus-test" in p.stdout
+    assert (w / "eval_user-my_corpus-test_step6_reset.json").is_file()
     # config.json: the resolved config (absolute corpus path), what `titans-lm config` prints
     saved = json.loads((w / "config.json").read_text())
     assert saved["data"]["corpus"] == str(corpus) and saved["train"]["steps"] == 6
@@ -71,15 +74,15 @@ def test_own_corpus_trains_evaluates_and_records_the_run(run):
 def test_eval_validation_scores_validation_sets_only(run):
     root, *_ = run
     w = root / "run"
-    before = (w / "eval_wikitext2-test.json").read_text()
+    before = (w / "eval_wikitext2-test_step6_docs1_reset.json").read_text()
     p = run_cli(["eval", f"--workdir={w}", "--split=validation"])
     assert p.returncode == 0, p.stderr
     for name, split in (("user-my_corpus-validation", "validation"),
                         ("wikitext2-validation", "validation")):
-        res = json.loads((w / f"eval_{name}.json").read_text())
-        assert res["split"] == split and name in p.stdout
+        (res,) = read_results(w, name)
+        assert res["split"] == split and name in p.stdout and f"wrote {w / res['file']}" in p.stdout
     assert "wikitext2-test" not in p.stdout
-    assert (w / "eval_wikitext2-test.json").read_text() == before  # not overwritten
+    assert (w / "eval_wikitext2-test_step6_docs1_reset.json").read_text() == before  # kept
 
 
 def test_eval_overrides_honoured_or_refused_by_name(run):
@@ -88,11 +91,11 @@ def test_eval_overrides_honoured_or_refused_by_name(run):
     p = run_cli(["eval", f"--workdir={w}", "--config.data.seq_len=128", "--config.eval.batch_size=4",
                  "--nowikitext"])
     assert p.returncode == 0, p.stderr
-    res = json.loads((w / "eval_user-my_corpus-test_seq_len128.json").read_text())
+    (res,) = read_results(w, "user-my_corpus-test_seq_len128")
     assert res["seq_len"] == 128 and res["overrides"] == {"data.seq_len": "128",
                                                            "eval.batch_size": "4"}
     assert "windows of 128 tokens" in p.stdout
-    assert json.loads((w / "eval_user-my_corpus-test.json").read_text())["seq_len"] == 64
+    assert json.loads((w / "eval_user-my_corpus-test_step6_reset.json").read_text())["seq_len"] == 64
     p = run_cli(["eval", f"--workdir={w}", "--config.model.d_model=64", "--config.train.steps=9"])
     assert p.returncode == 1
     assert ("eval cannot override --config.model.d_model, --config.train.steps: the checkpoint "
@@ -111,7 +114,7 @@ def test_text_results_are_named_apart(run, tmp_path):
         assert p.returncode == 0, p.stderr
         names.append(next(l.split()[0] for l in p.stdout.splitlines() if l.startswith("text-")))
     results = sorted(x.name for x in w.glob("eval_text-notes.*"))
-    assert len(results) == 2 and sorted(f"eval_{n}.json" for n in names) == results, results
+    assert len(results) == 2 and sorted(f"eval_{n}_step6_reset.json" for n in names) == results, results
     assert names[0].startswith("text-notes.v1.txt-")
 
 

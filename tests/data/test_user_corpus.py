@@ -106,3 +106,15 @@ def test_cache_keyed_by_content(tmp_path):
     fourth = prepare(data, log=logs.append)
     assert any("was changed after it was written" in m for m in logs), logs
     assert fourth.tokenizer.fingerprint == third.tokenizer.fingerprint
+
+
+def test_both_held_out_splits_are_named_when_training_builds_one(tmp_path):
+    """Training prepares train and validation only; the log still names the test documents."""
+    root = _folder(tmp_path / "c")
+    logs = []
+    p = prepare(_cfg(root, tmp_path / "cache"), splits=("train", "validation"), log=logs.append)
+    assert set(p.stores) == {"train", "validation"}
+    parts = load_splits(_cfg(root, tmp_path / "cache"), ("validation", "test"))
+    for split in ("validation", "test"):
+        names = ", ".join(d.name for d in parts[split])
+        assert f"{corpus_label(_cfg(root, tmp_path))}/{split} holds {names}" in logs, logs

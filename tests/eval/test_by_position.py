@@ -61,6 +61,10 @@ def test_plot_and_script_write_the_figure(tmp_path):
         pos = np.arange(1, 5000)
         r = bp.loss_by_position(6 + slope * np.log(pos), pos)
         bp.write_by_position(w / "by_position_test.json", {**r, "name": "test"})
+    bp.write_by_position(w / "by_position_test_step7.json", {**r, "name": "test", "step": 7})
+    labels = bp.plot_runs([w], tmp_path / "two.png")["curves"]  # two steps of one mode
+    assert set(labels) == {"transformer test", "transformer test step 7"}
+    (w / "by_position_test_step7.json").unlink()
     out = bp.plot_by_position({"a": r}, tmp_path / "one.png")
     assert out.stat().st_size > 1000
     plot = [sys.executable, "-m", "titans_lm.cli", "plot", "--by_position"]

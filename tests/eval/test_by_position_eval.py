@@ -237,6 +237,9 @@ def test_eval_by_position_writes_json_and_plot(tmp_path):
     out = evaluate_by_position(tmp_path / "run", context="both", log=lambda s: None,
                                progress=False, max_tokens=200)
     assert set(out["by_position"]) == {"reset", "carry"}
+    assert sorted(f.split("/")[-1] for f in out["files"]) == [  # named by step and limit
+        f"by_position_tinyshakespeare-test_step2_tokens200{end}"
+        for end in (".png", "_carry.json", "_reset.json")]
     png = [f for f in out["files"] if f.endswith(".png")]
     assert len(png) == 1 and (tmp_path / "run" / png[0].split("/")[-1]).stat().st_size > 1000
     for mode, r in out["by_position"].items():

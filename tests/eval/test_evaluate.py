@@ -89,7 +89,7 @@ def test_evaluate_matches_direct_computation(run):
         np.testing.assert_allclose(m["bits_per_byte"], nll / nbytes / math.log(2), rtol=2e-6)
         np.testing.assert_allclose(r["unigram"]["nll_nats"], uni, rtol=1e-9)
         assert r["unigram"]["n_tokens"] == n_tok
-        saved = json.loads((workdir / f"eval_{name}.json").read_text())
+        saved = json.loads((workdir / r["file"]).read_text())
         assert saved["model"] == m
 
 
@@ -100,3 +100,31 @@ def test_table_lists_each_dataset(run):
     table = "\n".join(lines)
     assert "checkpoint step 6" in table and "tinyshakespeare-test" in table
     assert "wikitext2-test" not in table
+
+
+def test_results_of_other_steps_and_document_limits_are_kept(tiny_run, tmp_path):
+    """Each (dataset, step, document limit, context) has its own file; the identical evaluation
+    rerun replaces only its own, and each file written is named in the log."""
+    root, _ = tiny_run
+    workdir = tmp_path / "run"
+    shutil.copytree(root / "run", workdir)
+    lines = []
+    evaluate(workdir, log=lines.append, progress=False)  # eval.max_docs 2: WikiText limited
+    evaluate(workdir, step=3, wikitext=False, log=lines.append, progress=False)
+    evaluate(workdir, overrides={"eval.max_docs": "1"}, log=lines.append, progress=False)
+    expected = {"eval_tinyshakespeare-test_step6_reset.json",  # one document: never limited
+                "eval_wikitext2-test_step6_docs2_reset.json",
+                "eval_tinyshakespeare-test_step3_reset.json",
+                "eval_wikitext2-test_step6_docs1_reset.json"}
+    assert {p.name for p in workdir.glob("eval_*.json")} == expected
+    assert {line.removeprefix(f"wrote {workdir}/") for line in lines
+            if line.startswith("wrote ")} == expected
+    step3 = workdir / "eval_tinyshakespeare-test_step3_reset.json"
+    first = json.loads(step3.read_text())
+    assert first["step"] == 3 and first["max_docs"] == 0 and first["context"] == "reset"
+    docs1 = json.loads((workdir / "eval_wikitext2-test_step6_docs1_reset.json").read_text())
+    assert docs1["n_docs"] == 1 and docs1["max_docs"] == 1
+    step3.write_text("{}")
+    evaluate(workdir, step=3, wikitext=False, log=lambda m: None, progress=False)
+    assert {p.name for p in workdir.glob("eval_*.json")} == expected
+    assert json.loads(step3.read_text())["model"] == first["model"]  # rewritten, the same

@@ -135,10 +135,10 @@ def test_task_run_trains_resumes_exactly_and_evaluates(tmp_path):
     resumed = train(cfg(), tmp_path / "b", progress=False, log=lambda m: None)
     assert resumed.losses == {2: straight.losses[2]}
     out = evaluate(tmp_path / "a", log=lambda m: None)
-    recs = json.loads((tmp_path / "a" / "task_reset.json").read_text())
+    recs = json.loads((tmp_path / "a" / "task_reset_step2.json").read_text())
     assert [r["length"] for r in recs] == [64, 128] and recs == out["task"]["records"]
     assert all(r["n_answers"] == 4 * r["pairs"] and 0 <= r["token_acc"] <= 1 for r in recs)
-    assert (tmp_path / "a" / "task_reset.png").is_file()
+    assert (tmp_path / "a" / "task_reset_step2.png").is_file()
     whole = tasks.evaluate_task(tmp_path / "a", context="whole", max_length=64,
                                 log=lambda m: None)
     assert whole[0]["token_acc"] == recs[0]["token_acc"]  # one window: the two modes agree
@@ -160,6 +160,11 @@ def test_task_run_trains_resumes_exactly_and_evaluates(tmp_path):
     fell_back = tasks.evaluate_task(tmp_path / "a", max_length=64, log=said.append)
     assert [r["step"] for r in fell_back] == [1]
     assert any("checkpoint step 2" in m and "is damaged" in m for m in said), said
+    # each step, context and length limit has its own result files; none replaced another
+    assert json.loads((tmp_path / "a" / "task_reset_step2.json").read_text()) == recs
+    assert {f.name for f in (tmp_path / "a").glob("task_*.json")} == {
+        "task_reset_step2.json", "task_whole_step2_upto64.json", "task_carry_step2.json",
+        "task_reset_step1_upto64.json"}
     from titans_lm.train.checkpoint import DamagedCheckpointError
     with pytest.raises(DamagedCheckpointError, match="refusing to use it"):
         tasks.evaluate_task(tmp_path / "a", bad_checkpoint="refuse", log=lambda m: None)

@@ -10,6 +10,7 @@ import pytest
 
 import _tiny_run
 from _tiny_run import REPO, cli_args
+from titans_lm.eval.results import read_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -109,7 +110,8 @@ def test_eval_reports_both_context_modes(run, tmp_path):
 
     p = run_cli(["eval", f"--workdir={workdir}", "--context=carry", "--nowikitext"])
     assert p.returncode == 0, p.stderr
-    res = json.loads((workdir / "eval_tinyshakespeare-test.json").read_text())
+    (res,) = [r for r in read_results(workdir, "tinyshakespeare-test") if r["context"] == "carry"]
+    assert res["file"] == f"eval_tinyshakespeare-test_step{res['step']}_carry.json"
     assert list(res["modes"]) == ["carry"] and res["model_context"] == "carry"
     assert res["model"]["n_tokens"] > 64 and res["modes"]["carry"]["tokens_per_s"] > 0
     p = run_cli(["eval", f"--workdir={workdir}", "--context=sideways"])

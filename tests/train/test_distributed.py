@@ -90,18 +90,19 @@ def test_two_processes_of_four_devices_match_one_of_eight(backbone, tmp_path):
     # The 2 x 4 checkpoint restores on 1 x 8 (here) and 1 x 1 (a fresh process); evaluation
     # gives the same numbers on each; the 1 x 8 checkpoint evaluates on 2 x 4.
     from titans_lm.eval.evaluate import evaluate
+    from titans_lm.eval.results import latest_result
     kw = dict(wikitext=False, log=lambda m: None, progress=False)
     on8 = next(iter(evaluate(tmp_path / "mp", **kw).values()))["model"]["nll_nats"]
     p = run_cli(["eval", f"--workdir={tmp_path / 'mp'}", "--nowikitext"])
     assert p.returncode == 0, p.stderr
-    on1 = json.loads((tmp_path / "mp" / "eval_tinyshakespeare-test.json").read_text())
+    on1 = latest_result(tmp_path / "mp", "tinyshakespeare-test")
     assert on1["model"]["nll_nats"] == pytest.approx(on8, rel=1e-6)
     ref = next(iter(evaluate(tmp_path / "one", **kw).values()))["model"]["nll_nats"]
     p = run_cli(["launch", "--num_processes=2", "--devices_per_process=4", "--command=eval",
                  f"--log_dir={tmp_path / 'elogs'}", "--timeout_s=240", "--",
                  f"--workdir={tmp_path / 'one'}", "--nowikitext"], timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    on2x4 = json.loads((tmp_path / "one" / "eval_tinyshakespeare-test.json").read_text())
+    on2x4 = latest_result(tmp_path / "one", "tinyshakespeare-test")
     assert on2x4["model"]["nll_nats"] == pytest.approx(ref, rel=1e-6)
     assert ref == pytest.approx(on8, rel=1e-5)  # the two runs' parameters agree to float error
 

@@ -27,7 +27,7 @@ import numpy as np
 from titans_lm.data.corpora import Document
 from titans_lm.data.store import FORMAT_VERSION, TokenStore, build_token_store
 from titans_lm.data.tokenizer import Tokenizer, train_or_load_tokenizer
-from titans_lm.data.user_corpus import corpus_label, load_splits, splits_of
+from titans_lm.data.user_corpus import corpus_label, heldout_lines, load_splits, splits_of
 
 Log = Callable[[str], None]
 
@@ -133,13 +133,13 @@ def prepare(data_cfg: ml_collections.ConfigDict, *, tokenizer: Tokenizer | None 
     splits = tuple(available if splits is None else splits)
     cache_dir = resolve_cache_dir(data_cfg)
     need_train = tokenizer is None and "train" in available and "train" not in splits
-    docs = load_splits(data_cfg, splits + (("train",) if need_train else ()))
-    if log and corpus != data_cfg.corpus:  # a user corpus: say which documents are held out
-        for s in ("validation", "test"):
-            if s in docs:
-                names = [d.name for d in docs[s]]
-                more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-                log(f"{corpus}/{s} holds {', '.join(names[:5])}{more}")
+    user = corpus != data_cfg.corpus
+    # A user corpus says which documents it holds out, both splits whichever are built now.
+    named = tuple(s for s in ("validation", "test") if user and log and s not in splits)
+    docs = load_splits(data_cfg, splits + (("train",) if need_train else ()) + named)
+    if log and user:
+        for line in heldout_lines(corpus, docs):
+            log(line)
     if tokenizer is None:
         if "train" not in available:
             raise ValueError(f"corpus {corpus!r} has no train split to train a tokenizer on "

@@ -248,6 +248,18 @@ def load_split(data_cfg: ml_collections.ConfigDict, split: str) -> list[Document
     return split_documents(read_corpus(data_cfg.corpus), data_cfg)[split]
 
 
+def heldout_lines(label: str, parts: dict[str, list[Document]], shown: int = 5) -> list[str]:
+    """What a user corpus holds out, one line per held-out split in ``parts``, naming its first
+    ``shown`` documents: ``"user-x/validation holds a.txt, b.txt and 3 more"``."""
+    lines = []
+    for split in ("validation", "test"):
+        if split in parts:
+            names = [d.name for d in parts[split]]
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            lines.append(f"{label}/{split} holds {', '.join(names[:shown])}{more}")
+    return lines
+
+
 def absolute_corpus(corpus: str) -> str:
     """An embedded corpus name unchanged; a path made absolute (the run then works from any
     directory, and ``eval`` finds the corpus the checkpoint was trained on)."""

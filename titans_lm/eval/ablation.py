@@ -17,7 +17,8 @@ inside a document's first segment). Nothing else changes: attention caches, segm
 memories' convolution tails and the stream positions stay, and no document boundary is signalled.
 Positions ``< P'`` are therefore scored exactly as in the unablated run, and the mean loss over
 positions ``>= P'`` against the unablated run's is the loss the memory's content saves
-(``<workdir>/ablation_<dataset>_at<P'>.json``, with the count of non-finite losses of each run).
+(``<workdir>/ablation_<dataset>_step<N>[_docs<M>][_tokens<K>]_at<P'>.json``, with the count of
+non-finite losses of each run).
 A model without a neural memory (Transformer++) is refused.
 
 Each mixer resets its own memory (``mixer.reset_memory``, the mixer protocol of

@@ -151,7 +151,7 @@ def plot_runs(paths: Sequence[str | Path], out: str | Path,
 
     Each path is a workdir holding ``pattern`` files or one such file; every result found becomes
     one curve, labelled ``<workdir name>`` (plus the result's ``name`` when a workdir holds
-    several). Returns the JSON summary: the PNG written and, per curve, the buckets' edges and
+    several, and its ``step`` when two of them share a name). Returns the JSON summary: the PNG written and, per curve, the buckets' edges and
     mean losses.
 
     Raises:
@@ -163,6 +163,8 @@ def plot_runs(paths: Sequence[str | Path], out: str | Path,
         base = Path(w).name if Path(w).is_dir() else Path(w).parent.name
         for r in found:
             label = base if len(found) == 1 else f"{base} {r.get('name', '')}".strip()
+            if label in runs:  # the same mode of another checkpoint step
+                label = f"{label} step {r.get('step')}"
             runs[label] = r
     plot_by_position(runs, out, title)
     return {"out": str(out), "curves": {k: {"edges": r["edges"], "mean_loss": r["mean_loss"]}

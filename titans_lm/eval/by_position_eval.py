@@ -15,9 +15,12 @@ position 0 is BOS). The losses go into the log-spaced buckets of
 * ``reset``: the same windows, each from the initial state, so a token at position ``p`` sees
   only the ``p mod T`` tokens of its window (the training protocol's curve: flat beyond ``T``).
 
-Files: ``<workdir>/by_position_<dataset>_<mode>.json`` (one per mode) and
-``<workdir>/by_position_<dataset>.png`` (one curve per mode); ``titans-lm plot --by_position``
-draws several runs on one figure.
+Files: ``<workdir>/by_position_<key>_<mode>.json`` (one per mode) and
+``<workdir>/by_position_<key>.png`` (one curve per mode), where ``<key>`` is
+``<dataset>_step<N>[_docs<M>][_tokens<K>]`` (as the perplexity results,
+``titans_lm.eval.results``: the checkpoint step, the document limit ``eval.max_docs`` when it cut
+the set short, ``max_tokens`` when set), so another step or limit never replaces a result;
+``titans-lm plot --by_position`` draws several runs on one figure.
 
 The memory ablation probe (``titans-lm eval --ablate_at=P``) runs here too: the carry run again,
 with the memories reset at a window boundary (``titans_lm.eval.ablation``).
@@ -39,6 +42,7 @@ from tqdm import tqdm
 
 from titans_lm.config.overrides import result_suffix
 from titans_lm.data.prepare import prepare, tokenize_documents
+from titans_lm.data.tokenizer import Tokenizer
 from titans_lm.data.windows import document_windows, num_windows
 from titans_lm.eval.ablation import (ablate_memory, ablation_summary, ablation_window,
                                      check_has_memory, format_ablation)
@@ -208,12 +212,17 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     run = load_run(workdir, step, overrides=overrides)
     cfg, mesh = run.cfg, run.mesh
     suffix = result_suffix(overrides or {}, run.saved_cfg)
-    prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
+    exported_tok = Tokenizer.load(run.tokenizer_file) if run.tokenizer_file else None
+    prepared = prepare(cfg.data, tokenizer=exported_tok, splits=("train",), log=None,
+                       check_windows=False)
     check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
     name, _, _, docs = _datasets(cfg, split, text_file, False)[0]
     name += suffix
     max_docs = int(cfg.eval.get("max_docs", 0) or 0)
-    docs = docs[:max_docs] if max_docs else docs
+    limit = max_docs if 0 < max_docs < len(docs) else 0
+    docs = docs[:limit] if limit else docs
+    key = (f"{name}_step{run.step}" + (f"_docs{limit}" if limit else "")
+           + (f"_tokens{int(max_tokens)}" if max_tokens else ""))
     toks = tokenize_documents(prepared.tokenizer, docs)
     if max_tokens:
         toks = [t[:int(max_tokens) + 1] for t in toks]
@@ -249,11 +258,11 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
             results[mode] = r
             if jax.process_index() == 0:
                 files.append(str(write_by_position(
-                    workdir / f"by_position_{name}_{mode}.json", r)))
+                    workdir / f"by_position_{key}_{mode}.json", r)))
         if jax.process_index() == 0:
             files.append(str(plot_by_position(
                 {f"{cfg.model.name} {m}": r for m, r in results.items()},
-                workdir / f"by_position_{name}.png",
+                workdir / f"by_position_{key}.png",
                 title=f"{cfg.model.name} step {run.step}, {name}, windows of {seq_len}")))
         log(format_by_position(results))
     summary = None
@@ -263,7 +272,7 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
         summary = ablation_summary(runs["carry"], ablated, ablate_at, seq_len)
         summary.update(model_name=cfg.model.name, dataset=name, step=run.step, n_docs=len(toks))
         if jax.process_index() == 0:
-            path = workdir / f"ablation_{name}_at{summary['ablate_position']}.json"
+            path = workdir / f"ablation_{key}_at{summary['ablate_position']}.json"
             path.write_text(json.dumps(summary, indent=1) + "\n")
             files.append(str(path))
         log(format_ablation(summary))

@@ -27,10 +27,13 @@ window after window with the model's state carried (``titans_lm.eval.streaming``
 see the whole document and Transformer++ becomes the sliding-context baseline (a KV cache of the
 last ``seq_len`` tokens); ``both`` reports the two side by side. Both modes score the same tokens.
 
-Results are printed as a table and written to ``<workdir>/eval_<name>.json``: ``model`` holds the
-totals of the first mode run (reset when it is run; ``model_context`` names it), ``modes`` the
-totals, seconds and tokens/s of each mode. For a text file the name is ``text-<file
-name>-<8 hex digits of the sha256 of its absolute path>``, so two files never share a result file.
+Results are printed as a table, and each dataset's is written to its own file,
+``<workdir>/eval_<name>_step<N>[_docs<M>]_<context>.json`` (:mod:`titans_lm.eval.results`: another
+checkpoint step, document limit ``eval.max_docs``, split or context never replaces it; the
+identical evaluation rerun does), whose path is printed: ``model`` holds the totals of the first
+mode run (reset when it is run; ``model_context`` names it), ``modes`` the totals, seconds and
+tokens/s of each mode. For a text file the name is ``text-<file name>-<8 hex digits of the sha256
+of its absolute path>``, so two files never share a result file.
 """
 
 from __future__ import annotations
@@ -53,10 +56,12 @@ from titans_lm.config.overrides import result_suffix
 from titans_lm.config import BOS_ID, PAD_ID
 from titans_lm.data.corpora import load_documents, load_text_file
 from titans_lm.data.prepare import prepare, tokenize_documents
+from titans_lm.data.tokenizer import Tokenizer
 from titans_lm.data.user_corpus import corpus_label, load_split
 from titans_lm.data.windows import eval_batches
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_totals
-from titans_lm.eval.restore import load_run
+from titans_lm.eval.restore import load_run, require_run_dir
+from titans_lm.eval.results import result_file_name
 from titans_lm.eval.streaming import (CONTEXT_MODES, carry_note, make_carry_step,
                                       score_documents_carry)
 from titans_lm.eval.tasks import evaluate_task, is_task_run
@@ -172,14 +177,16 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
 
     Returns:
       name -> result dict (``model`` and ``unigram`` totals and metrics, ``modes``: per context
-      mode its totals, seconds and tokens/s; document count, step), also written to
-      ``<workdir>/eval_<name>.json``.
+      mode its totals, seconds and tokens/s; document count, step, ``max_docs``, ``context``),
+      each also written to ``<workdir>/<its "file">`` (:func:`titans_lm.eval.results.result_file_name`).
 
     Raises:
       titans_lm.train.checkpoint.CheckpointError: no (or an unreadable) checkpoint.
+      FileNotFoundError: ``workdir`` does not exist.
       ValueError / FileNotFoundError: unknown split or context, missing or unreadable text, an
         override eval cannot apply, or training data that changed since the run was trained.
     """
+    require_run_dir(workdir)
     if is_task_run(workdir, step):  # a synthetic task: accuracy on its answers, not perplexity
         modes = context_modes(context) if context is not None else None
         return {"task": {"records": evaluate_task(workdir, step, context=modes, log=log,
@@ -194,7 +201,10 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
                                                run.mesh, run.step)
     suffix = result_suffix(overrides or {}, run.saved_cfg)
     datasets = _datasets(cfg, split, text_file, wikitext)
-    prepared = prepare(cfg.data, splits=("train",), log=None, check_windows=False)
+    # An exported model brings its tokenizer; a run folder's is rebuilt from the training text.
+    exported_tok = Tokenizer.load(run.tokenizer_file) if run.tokenizer_file else None
+    prepared = prepare(cfg.data, tokenizer=exported_tok, splits=("train",), log=None,
+                       check_windows=False)
     check_run_data(workdir, prepared, cfg.data.corpus, action="evaluate")
     tokenizer = prepared.tokenizer
 
@@ -204,11 +214,13 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     log_probs = unigram_log_probs(prepared.stores["train"].tokens, cfg.model.vocab_size)
     seq_len = int(cfg.data.seq_len)
     max_docs = int(cfg.eval.get("max_docs", 0) or 0)
+    context_name = "both" if len(modes) > 1 else modes[0]
     results: dict[str, dict[str, Any]] = {}
     for name, corpus, split_name, docs in datasets:
         name += suffix
-        if max_docs:
-            docs = docs[:max_docs]
+        limit = max_docs if 0 < max_docs < len(docs) else 0  # the key of a partial evaluation
+        if limit:
+            docs = docs[:limit]
         texts = [d.text for d in docs]
         toks = tokenize_documents(tokenizer, docs)
         if progress:
@@ -233,8 +245,10 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
         if "carry" in by_mode:
             by_mode["carry"]["note"] = carry_note(cfg.model, seq_len)
         uni = unigram_totals(toks, texts, log_probs)
-        res = {"name": name, "corpus": corpus, "split": split_name, "text_file": text_file,
-               "workdir": str(workdir), "step": step, "model_name": cfg.model.name,
+        file = result_file_name(name, step=step, max_docs=limit, context=context_name)
+        res = {"name": name, "file": file, "corpus": corpus, "split": split_name,
+               "text_file": text_file, "workdir": str(workdir), "step": step,
+               "max_docs": limit, "context": context_name, "model_name": cfg.model.name,
                "n_params": n_params, "seq_len": seq_len, "n_docs": len(docs),
                "overrides": dict(overrides or {}),
                "model": by_mode[modes[0]]["model"], "model_context": modes[0],
@@ -242,9 +256,18 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
                "seconds": time.perf_counter() - t_all}
         results[name] = res
         if jax.process_index() == 0:
-            (workdir / f"eval_{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+            _write_json(workdir / file, res)
     log(format_table(results, cfg, step, n_params))
+    for res in results.values():
+        log(f"wrote {workdir / res['file']}")
     return results
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` to ``path`` atomically (an interrupted write leaves the old file whole)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def _fmt(x: float | None) -> str:

@@ -26,8 +26,10 @@ The drivers take a window-level function, so they are independent of the backbon
 :func:`reset_predictions` / :func:`whole_predictions` take ``predict(inputs_BT, segment_ids_BT)
 -> int[B, T]``, :func:`carry_predictions` takes the stateful API and the parameters.
 
-Outputs of :func:`evaluate_task`: ``<workdir>/task_<context>.json`` (one record per setting),
-``task_<context>.md`` (the table) and ``task_<context>.png`` (the heat map).
+Outputs of :func:`evaluate_task`, named like the perplexity results (``titans_lm.eval.results``)
+so that another checkpoint step, context or length limit never replaces them:
+``<workdir>/task_<context>_step<N>[_upto<L>].json`` (one record per setting), the same name in
+``.md`` (the table) and ``.png`` (the heat map); ``_upto<L>``: only lengths up to ``max_length``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import ml_collections
 import numpy as np
 
 from titans_lm.data.tasks import eval_settings, task_rows, task_spec
+from titans_lm.eval.exported import is_export, read_config as read_export_config
 from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import stream_init_fn
 from titans_lm.train.checkpoint import Checkpointer, CheckpointError
@@ -209,6 +212,8 @@ def is_task_run(workdir: str | Path, step: int | None = None) -> bool:
       titans_lm.train.checkpoint.CheckpointError: no checkpoint (or none for ``step``), or
         ``step``'s config cannot be read.
     """
+    if is_export(workdir):
+        return bool(read_export_config(workdir).data.get("task", ""))
     ckpt = Checkpointer(Path(workdir).resolve(), read_only=True)
     try:
         candidates = [ckpt.resolve_step(step)] if step is not None else ckpt.steps()[::-1]
@@ -262,7 +267,8 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
     Returns:
       one record per setting and context (``length``, ``pairs`` or ``depth``, ``context`` and the
       counts and rates of :func:`answer_accuracy`), also written per context to
-      ``<workdir>/task_<context>.json`` with the table (``.md``) and heat map (``.png``).
+      ``<workdir>/task_<context>_step<N>[_upto<L>].json`` with the table (``.md``) and heat map
+      (``.png``) of the same name (module docstring).
 
     Raises:
       ValueError: an unknown context, an override evaluation cannot apply, or "carry" with a
@@ -284,6 +290,11 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
     for c in contexts:
         records += _evaluate_context(run, c or default, workdir, max_length, log)
     return records
+
+
+def task_result_stem(context: str, step: int, max_length: int | None = None) -> str:
+    """``task_<context>_step<step>[_upto<max_length>]``: the result files' name without suffix."""
+    return f"task_{context}_step{int(step)}" + ("" if max_length is None else f"_upto{max_length}")
 
 
 def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | None,
@@ -322,9 +333,11 @@ def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | N
              f"{cfg.model.name} step {step}, context {context} (training window {window})")
     metric = "token_acc" if cfg.data.task == "mqar" else "exact_match"
     if jax.process_index() == 0 and records:
-        (workdir / f"task_{context}.json").write_text(json.dumps(records, indent=1) + "\n")
+        stem = workdir / task_result_stem(context, step, max_length)
+        stem.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
         table = format_task_table(records, metric, f"{title}: {metric} (%)")
-        (workdir / f"task_{context}.md").write_text(table)
-        plot_task_heatmap(records, workdir / f"task_{context}.png", metric, title)
+        stem.with_suffix(".md").write_text(table)
+        plot_task_heatmap(records, stem.with_suffix(".png"), metric, title)
         log(table)
+        log(f"wrote {stem}.json, .md and .png")
     return records

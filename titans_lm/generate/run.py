@@ -3,7 +3,8 @@
     titans-lm generate --workdir=W --prompt="ROMEO:" --max_new_tokens=100 --temperature=0.8
 
 The checkpoint's saved config rebuilds the model; the tokenizer is the run's own (rebuilt from the
-training text exactly as ``titans-lm eval`` does, or read from the cache). Each prompt is encoded
+training text exactly as ``titans-lm eval`` does, or read from the cache; an exported model
+folder, ``titans-lm export``, brings its own). Each prompt is encoded
 as a document (BOS + text), prefilled in one parallel call over the common length of the prompts
 and then decoded one token per call with the carried state (``titans_lm.generate.decode``).
 
@@ -33,7 +34,7 @@ import numpy as np
 
 from titans_lm.data.corpora import load_documents, read_text
 from titans_lm.data.prepare import resolve_cache_dir
-from titans_lm.data.tokenizer import train_or_load_tokenizer
+from titans_lm.data.tokenizer import Tokenizer, train_or_load_tokenizer
 from titans_lm.eval.restore import load_run
 from titans_lm.generate.decode import Decoder, Generation, generate
 from titans_lm.generate.sampling import SamplingConfig
@@ -137,7 +138,7 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
     """Generate a continuation of each prompt with the run in ``workdir`` (module docstring).
 
     Args:
-      workdir: the run directory. prompts: the prompt texts (not empty).
+      workdir: the run directory (or an exported model folder). prompts: the prompt texts (not empty).
       max_new_tokens: tokens to sample per prompt. sampling: temperature / top-k / top-p.
       seed: PRNG seed. max_context: Transformer++'s KV cache (default data.seq_len).
       step: the checkpoint to load (default the newest).
@@ -156,7 +157,8 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
         if not p.strip():
             raise ValueError("empty prompt: --prompt needs some text, e.g. --prompt='ROMEO:'")
     run = load_run(workdir, step, max_context=max_context)
-    tokenizer = run_tokenizer(run.cfg, Path(workdir).resolve())
+    tokenizer = (Tokenizer.load(run.tokenizer_file) if run.tokenizer_file is not None
+                 else run_tokenizer(run.cfg, Path(workdir).resolve()))
     ids = [tokenizer.encode_array(p, add_bos=True) for p in prompts]
     bound = context_bound(run.cfg.model)
     if bound is not None:
