@@ -94,8 +94,8 @@ def test_documents_starting_at_every_offset_are_isolated(name):
             ISOLATION[(name, o)] = float(change)
             worst = max(worst, float(change))
             assert np.max(np.abs(r[1, :s] - r[0, :s])) > 1e-3          # A's change is seen in A
-        print(f"\n{name}: max |change| of a document's logits over offsets 0..{CHUNK - 1}: "
-              f"{worst:.1e}")
+        print(f"\n| {name} | " + " | ".join(f"{ISOLATION[(name, o)]:.1e}" for o in range(CHUNK))
+              + " |")
         assert worst <= ATOL, {o: ISOLATION[(name, o)] for o in range(CHUNK)}
 
         tok, seg, s = rows(5)

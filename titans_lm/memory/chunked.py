@@ -127,18 +127,20 @@ class _DualReadAccess:
     With a reset target R0 (documents starting inside the chunk) the read adds R_i (r R0)."""
 
     def __init__(self, P0, S0, factors: GradientFactors, coef: ChunkCoefficients,
-                 outer: frozenset = frozenset(), reset_to=None):
+                 outer: frozenset = frozenset(), reset_to=None, inside=None):
         self.P0, self.S0, self.f, self.c, self.outer = P0, S0, factors, coef, outer
         self.R0 = reset_to if coef.R is not None else None
+        self.inside = inside
 
     def matmul(self, index, r):
         c = self.c
         u, d = self.f.inputs[index], self.f.signals[index]
         out = (c.B[:, None] * (r @ self.P0[index]) + c.A[:, None] * (r @ self.S0[index])
                - (c.C * (r @ u.T)) @ d)
-        if self.R0 is not None:
-            out = out + c.R[:, None] * (r @ self.R0[index])
-        return out
+        if self.R0 is None:
+            return out
+        return when_inside(self.inside, lambda: out + c.R[:, None] * (r @ self.R0[index]),
+                           lambda: out)
 
     def vector(self, index):
         if index in self.outer:
@@ -149,6 +151,20 @@ class _DualReadAccess:
         if self.R0 is not None:
             out = out + c.R[:, None] * self.R0[index]
         return out
+
+
+def when_inside(inside, exact, plain):
+    """``exact()`` where documents may start inside chunks, ``plain()`` where none does.
+
+    ``inside``: None or True (unknown or yes: exact, no branch), False (plain), or a traced bool
+    scalar (``lax.cond``: both compiled, one runs; unbatched under vmap, it stays a branch).
+    The two agree when no start is inside a chunk (R = 0, every token's base is P0); plain
+    skips the gradients at the reset target and the R0 read matmuls."""
+    if inside is None or inside is True:
+        return exact()
+    if inside is False:
+        return plain()
+    return jax.lax.cond(inside, exact, plain)
 
 
 def in_chunk_starts(reset: jax.Array) -> jax.Array:
@@ -320,7 +336,7 @@ def _pad_rows(x, total, value):
 def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                  chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                  running_mean: bool = False, log_keep=None, state_length=None,
-                 surprise_max_norm: float = 0.0):
+                 surprise_max_norm: float = 0.0, inside_starts=None):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     The sequence is cut into ceil(T / chunk_size) chunks; the last one is padded with zero keys,
@@ -342,6 +358,10 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
       state_length: None (the state after all T tokens) or an int scalar in 0..T, may be traced.
       surprise_max_norm: clip each token's gradient to this norm (0: off; see
         :func:`surprise_scale`).
+      inside_starts: whether any document starts inside a chunk (:func:`starts_inside_chunks`):
+        None (unknown: the exact path), a Python bool (False skips the work of such starts), or
+        a traced bool scalar (a branch per chunk, :func:`when_inside`). Must be true when one
+        does; the layer computes it over the whole batch.
     Raises:
       ValueError: for chunks_per_checkpoint < 0.
     """
@@ -369,7 +389,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     # a chunk's first token resets the state before the chunk; one inside it cuts the chunk
     # (chunk_coefficients' reset; docs/design.md#resets-inside-a-chunk).
     per_chunk = lambda x: x.reshape((n_groups * g, b) + x.shape[1:])  # noqa: E731
-    inside = in_chunk_starts(per_chunk(reset_p))
+    inside = None if inside_starts is False else in_chunk_starts(per_chunk(reset_p))
     if log_keep is None:
         coef = jax.vmap(lambda th, et, al, rs: chunk_coefficients(th, et, al, reset=rs))(
             per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p), inside)
@@ -380,7 +400,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     # Inside the loop each token picks the base of its gradient: P0, or the reset target from a
     # document start on (after_start). The factors at the target are recomputed per chunk inside
     # the checkpointed body rather than stored for every token.
-    after = after_start(inside)
+    after = None if inside is None else after_start(inside)
     keeping = state_length is not None
     if keeping:
         starts = jnp.arange(n_groups * g, dtype=jnp.int32) * b
@@ -409,16 +429,23 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         kc, vc, qc, cf, ed, rs, ked, kf, af = x
         P = tuple(jnp.where(rs, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(rs, z, s) for z, s in zip(zeros, S))
-        factors = select_factors(af, gradient_factors(model, P, kc, vc),
-                                 gradient_factors(model, reset_to, kc, vc))
+        factors = gradient_factors(model, P, kc, vc)
+        if af is not None:
+            at_P0 = factors
+            factors = when_inside(inside_starts, lambda: select_factors(
+                af, at_P0, gradient_factors(model, reset_to, kc, vc)), lambda: at_P0)
         cf, ed = clip_surprise(factors, surprise_max_norm, cf, ed)
         if keeping:
             _, ked = clip_surprise(factors, surprise_max_norm, None, ked)
         if read == "after_write":
-            reads = model.forward(_DualReadAccess(P, S, factors, cf, outer, reset_to), qc)
+            reads = model.forward(_DualReadAccess(P, S, factors, cf, outer, reset_to,
+                                                  inside_starts), qc)
         else:
-            reads = jnp.where(af[:, None], model.forward(PlainAccess(reset_to), qc),
-                              model.forward(PlainAccess(P), qc))
+            reads = model.forward(PlainAccess(P), qc)
+            if af is not None:
+                at_P0 = reads
+                reads = when_inside(inside_starts, lambda: jnp.where(
+                    af[:, None], model.forward(PlainAccess(reset_to), qc), at_P0), lambda: at_P0)
         if keeping:
             P_k, S_k = end_state(P, S, factors, ked, outer, reset_to)
             kept = (tuple(jnp.where(kf, a, c) for a, c in zip(P_k, kept[0])),

@@ -300,15 +300,14 @@ class NeuralMemory(nnx.Module):
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
-        kernel = cfg.impl in ("pallas", "auto")
-
         def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl, inside):
             kw = {} if lk is None else {"log_keep": lk}
             if sl is not None:
                 kw["state_length"] = sl
-            if kernel:   # one flag for all rows: the kernel runs unless a document starts in a chunk
-                kw["inside_starts"] = inside
-            return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0, **kw)
+            # One flag for all rows, so that it stays a branch under vmap: without a document
+            # start inside a chunk the engines skip that work (the kernel runs).
+            return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0,
+                          inside_starts=inside, **kw)
 
         per_row = jax.vmap(one, in_axes=(0,) * 11 + (None, None))
 
@@ -323,7 +322,7 @@ class NeuralMemory(nnx.Module):
             reads, (P, S) = per_row(flat_all(p), flat_all(m), flat(k_), flat(v_), flat(q_),
                                     flat(th), flat(et), flat(al), jnp.repeat(rs, Hl, axis=0),
                                     flat_all(p0), None if lk is None else flat(lk), sl,
-                                    starts_inside_chunks(rs, cfg.chunk_size) if kernel else None)
+                                    starts_inside_chunks(rs, cfg.chunk_size))
             unflat = lambda x: x.reshape((Bl, Hl) + x.shape[1:])  # noqa: E731
             return unflat(reads), (tuple(map(unflat, P)), tuple(map(unflat, S)))
         idt = self.inner_dtype

@@ -160,6 +160,11 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         Supported by "reference" and "chunked"; "pallas" (and "auto" on GPU/TPU) run "chunked"
         when it is given.
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
+        ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
+        chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
+        skip the work of such starts where none occurs; where it is not given it is known before
+        tracing (no reset, or a concrete one) or the exact path runs. Implementations that do
+        not take it never see it.
     Returns:
       (reads [T, d_v], (params_L, momentum_L)): the state after the last token (after the first
       ``state_length`` tokens when given), in the common floating dtype of the inputs (float32
@@ -222,8 +227,11 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                              f"{jnp.shape(state_length)}")
         impl_options["state_length"] = state_length
     fn = get_implementation(impl)
-    if "inside_starts" in _parameters(fn) and "inside_starts" not in impl_options:
-        impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
+    if _accepts(fn, "inside_starts"):
+        if impl_options.get("inside_starts") is None:
+            impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
+    else:
+        impl_options.pop("inside_starts", None)   # a hint for the implementations that take it
 
     arrays = (k, v, q, theta, eta, alpha) + params0 + momentum0 + reset_to
     dtype = jnp.result_type(*arrays)
@@ -244,11 +252,12 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                     **static)
 
 
-def _parameters(fn) -> frozenset:
+def _accepts(fn, name: str) -> bool:
+    """Whether ``fn`` names the keyword parameter ``name`` (``**kwargs`` does not count)."""
     try:
-        return frozenset(inspect.signature(fn).parameters)
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return frozenset()
+        return False
 
 
 def _inside_starts(given: bool, reset, chunk_size: int):

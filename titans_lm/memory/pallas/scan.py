@@ -237,7 +237,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
                             chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
-                            log_keep=log_keep, state_length=state_length)
+                            log_keep=log_keep, state_length=state_length,
+                            inside_starts=inside_starts)
     backend, interpret = resolve_backend(backend, interpret, jax.default_backend())
     plan = make_plan(model, params0, k.dtype, seq_len=k.shape[0], chunk_size=chunk_size, read=read,
                      chunks_per_checkpoint=chunks_per_checkpoint, backend=backend,
@@ -248,7 +249,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
                             chunks_per_checkpoint=chunks_per_checkpoint,
-                            running_mean=running_mean, log_keep=log_keep)
+                            running_mean=running_mean, log_keep=log_keep,
+                            inside_starts=inside_starts)
     if inside_starts is None and is_concrete(reset):
         r = np.asarray(reset)
         inside_starts = bool(np.any(r & (np.arange(r.shape[-1]) % chunk_size != 0)))
@@ -257,7 +259,7 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
         return chunked_scan(p0, m0, k_, v_, q_, th, et, al, rs, model=model, chunk_size=chunk_size,
                             read=read, reset_to=r0, chunks_per_checkpoint=chunks_per_checkpoint,
-                            running_mean=running_mean, log_keep=lk)
+                            running_mean=running_mean, log_keep=lk, inside_starts=True)
 
     def kernel(operands):
         p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
@@ -285,18 +287,21 @@ def auto_choice(platform: str) -> str:
 
 def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
-              running_mean: bool = False, log_keep=None, state_length=None, **pallas_options):
+              running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
+              **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
-    ``pallas_options`` (backend, interpret, precision, inside_starts) apply only when the kernel
-    runs.
+    ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
+    ``inside_starts`` as :func:`pallas_scan`'s.
     """
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
-                           log_keep=log_keep, state_length=state_length, **pallas_options)
+                           log_keep=log_keep, state_length=state_length,
+                           inside_starts=inside_starts, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
-                        log_keep=log_keep, state_length=state_length)
+                        log_keep=log_keep, state_length=state_length,
+                        inside_starts=inside_starts)
