@@ -134,7 +134,8 @@ COMMAND_FLAGS = {"prepare": ("config", "verbose"),
                           "coordinator_address", "num_processes", "process_id"),
                  "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
                               "top_k", "top_p", "seed", "max_context", "step", "verbose"),
-                 "config": ("config", "explain", "format"), "plot": ("out", "by_position", "title", "pattern")}
+                 "config": ("config", "explain", "format"),
+                 "plot": ("out", "by_position", "title", "pattern")}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
     "train": "Train (resuming from the newest checkpoint in --workdir), then evaluate the run.",
@@ -228,7 +229,7 @@ def default_workdir(cfg) -> str:
 def _prepare(inv: Invocation) -> int:
     del inv
     cfg = _load_config()
-    from titans_lm.data.prepare import prepare  # deliberate: numpy and sentencepiece only to prepare
+    from titans_lm.data.prepare import prepare  # deliberate: numpy, sentencepiece only to prepare
     p = prepare(cfg.data)
     for split, store in p.stores.items():
         print(f"{p.corpus}/{split}: {store.num_docs} documents, {store.num_real_tokens:,} tokens "

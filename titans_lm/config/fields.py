@@ -89,7 +89,8 @@ EVAL_CONTEXTS = _one_of("reset", "whole", "carry")
 FIELDS: dict[str, Field] = {
     # data: the corpus, its tokenizer and the batches
     "data.corpus": _f("The training corpus: an embedded one or a folder/file of your own texts "
-                      "(titans_lm.data.user_corpus).", ("'books' | 'tinyshakespeare' | a path", None)),
+                      "(titans_lm.data.user_corpus).",
+                      ("'books' | 'tinyshakespeare' | a path", None)),
     "data.heldout_fraction": _f("Own corpus: the fraction of documents held out, half validation "
                                 "and half test.", FRACTION),
     "data.validation_files": _f("Own corpus: comma-separated files held out as the validation "
