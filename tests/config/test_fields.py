@@ -97,4 +97,8 @@ def test_shape_errors_name_the_fields(configs):
     cfg.model.memory_layers = "0,7"
     with pytest.raises(ValueError, match="config field model.memory_layers"):
         validate(cfg)
+    cfg = ml_collections.ConfigDict(configs["ttt_linear"].to_dict())
+    cfg.model.memory.memory_depth = 2  # TTT-MLP's inner model under the TTT-Linear name
+    with pytest.raises(ValueError, match="model.memory.memory_depth: ttt_linear needs 1"):
+        validate(cfg)
     assert set(BACKBONES) == {c.model.name for c in configs.values()}

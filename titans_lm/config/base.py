@@ -156,7 +156,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
 
 
 def check_model_shape(model: ml_collections.ConfigDict) -> None:
-    """The model fields that must fit together: attention heads, memory heads, memory layers.
+    """The model fields that must fit together: attention heads, memory heads and depth, the
+    surprise clip and its engine, memory layers.
 
     Raises:
       ValueError: naming the fields (e.g. ``model.d_model`` and ``model.n_heads``).
@@ -170,6 +171,18 @@ def check_model_shape(model: ml_collections.ConfigDict) -> None:
             f"head width d_model / n_heads must be an even integer (RoPE rotates pairs), got "
             f"{d_model / heads:g}; e.g. --config.model.d_model={fit}")
     memory = model.get("memory")
+    name = model.get("name")
+    depth = memory.get("memory_depth", 0) if memory is not None else 0
+    if (name == "ttt_linear" and depth != 1) or (name == "ttt_mlp" and depth < 2):
+        raise ValueError(f"config field model.memory.memory_depth: {name} needs "
+                         f"{'1 (a linear' if name == 'ttt_linear' else '>= 2 (an MLP'} inner "
+                         f"model), got {depth}")
+    if memory is not None and memory.get("surprise_max_norm", 0) > 0 and \
+            memory.get("impl") not in ("chunked", "reference"):
+        raise ValueError(f"config fields model.memory.surprise_max_norm="
+                         f"{memory.surprise_max_norm} and model.memory.impl={memory.impl!r}: the "
+                         f"surprise clip runs in the 'chunked' and 'reference' engines only; set "
+                         f"one of them or surprise_max_norm=0")
     if memory is not None and d_model >= 1 and not memory.get("n_heads"):
         head_dim = int(memory.get("head_dim", 0))
         if head_dim >= 1 and d_model % head_dim:
