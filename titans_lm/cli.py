@@ -364,29 +364,37 @@ def _reported(err: BaseException) -> bool:
 def _run_command(cmd: str, eval_overrides: dict[str, str]):
     def main(argv) -> int:
         absl_logging.set_verbosity(absl_logging.ERROR)  # orbax/absl chatter; errors still show
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        if len(argv) > 1 and cmd != "plot":
-            print(f"titans-lm {cmd}: error: unexpected arguments {argv[1:]}", file=sys.stderr)
-            return 2
-        inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
-            return _MAINS[cmd](inv)
-        except UsageError as e:
-            print(f"titans-lm {cmd}: error: {e}\n\n{USAGE}", file=sys.stderr)
-            return 2
-        except Exception as e:  # noqa: BLE001  (re-raised unless _reported)
-            if not _reported(e):
-                raise
-            return _fail(cmd, e)
-        except KeyboardInterrupt:
-            during = f" during {inv.phase}" if inv.phase else ""
-            print(f"titans-lm {cmd}: interrupted by Ctrl-C{during}", file=sys.stderr)
-            return 130
-        except Terminated:
-            during = f" during {inv.phase}" if inv.phase else ""
-            print(f"titans-lm {cmd}: stopped by SIGTERM{during}", file=sys.stderr)
-            return 128 + signal.SIGTERM
+            return _report(cmd, argv, eval_overrides)
+        finally:  # a caller in the same process (a test) gets its own handler back
+            signal.signal(signal.SIGTERM, previous)
     return main
+
+
+def _report(cmd: str, argv: list[str], eval_overrides: dict[str, str]) -> int:
+    """Run ``cmd``; its errors, Ctrl-C and SIGTERM become one message and an exit status."""
+    if len(argv) > 1 and cmd != "plot":
+        print(f"titans-lm {cmd}: error: unexpected arguments {argv[1:]}", file=sys.stderr)
+        return 2
+    inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
+    try:
+        return _MAINS[cmd](inv)
+    except UsageError as e:
+        print(f"titans-lm {cmd}: error: {e}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  (re-raised unless _reported)
+        if not _reported(e):
+            raise
+        return _fail(cmd, e)
+    except KeyboardInterrupt:
+        during = f" during {inv.phase}" if inv.phase else ""
+        print(f"titans-lm {cmd}: interrupted by Ctrl-C{during}", file=sys.stderr)
+        return 130
+    except Terminated:
+        during = f" during {inv.phase}" if inv.phase else ""
+        print(f"titans-lm {cmd}: stopped by SIGTERM{during}", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 def _config_arg(argv: list[str]) -> str | None:
@@ -429,6 +437,11 @@ def parse_flags(argv: list[str]) -> list[str]:
         path = spec.partition(":")[0]
         if not Path(path).is_file():
             raise UsageError(f"config file {path!r} not found (from --config={spec})")
+    # From the defaults, also when main runs again in one process: config_flags defines a flag
+    # per override (``config.train.steps``) while parsing, so the last call's are removed.
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+        delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
