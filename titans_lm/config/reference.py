@@ -152,16 +152,18 @@ def format_markdown(table: list[Row], title: str = "Config reference") -> str:
            "value outside its valid range, a field the run does not read (a backbone's field on "
            "another backbone, e.g. `model.memory_layers` on the LMM) and an unknown field, naming "
            "it, before any data is prepared or JAX imported."]
-    section = None
+    section, has_users = None, False
     for row in table:
         if _section(row.name) != section:
             section = _section(row.name)
-            user = " | used by" if any(r.used_by for r in table
-                                       if _section(r.name) == section) else ""
-            out += ["", f"## {section}: {SECTIONS[section]}", "",
-                    f"| field | type | default | valid{user} | what it does |",
-                    f"| --- | --- | --- | ---{' | ---' if user else ''} | --- |"]
-            has_users = bool(user)
+            users = {r.used_by for r in table if _section(r.name) == section}
+            shared = next(iter(users)) if len(users) == 1 else ()
+            has_users = len(users) > 1
+            by = f" (used by {', '.join(shared)})" if shared else ""
+            column = " | used by" if has_users else ""
+            out += ["", f"## {section}: {SECTIONS[section]}{by}", "",
+                    f"| field | type | default | valid{column} | what it does |",
+                    f"| --- | --- | --- | ---{' | ---' if has_users else ''} | --- |"]
         cells = [f"`{row.name}`", row.type, _default_text(row, code=True), row.valid or "any"]
         if has_users:
             cells.append(", ".join(row.used_by) or "all")
