@@ -4,13 +4,13 @@ The neural long-term memory as the only token mixer (``titans_lm.models.lmm``), 
 tokens prepended to the sequence.
 
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
-``titans_lm.models.presets.titans_config``.
+``titans_lm.config.backbones.titans_config``.
 """
 
 from __future__ import annotations
 
 from titans_lm.config.presets import PAPER_SIZES
-from titans_lm.models.presets import titans_config
+from titans_lm.config.backbones import titans_config
 
 #            d_model, n_layers, d_ff
 _PAPER = {

@@ -13,13 +13,13 @@ to multiples of 512 tokens; with a smaller alignment, documents stay isolated bu
 inside a segment gets a shorter first segment).
 
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
-``titans_lm.models.presets.titans_config``.
+``titans_lm.config.backbones.titans_config``.
 """
 
 from __future__ import annotations
 
 from titans_lm.config.presets import PAPER_SIZES
-from titans_lm.models.presets import titans_config
+from titans_lm.config.backbones import titans_config
 
 #            d_model, n_layers, n_heads, d_ff
 _PAPER = {

@@ -6,13 +6,13 @@ attention over its output; N_p persistent tokens prepended once to the sequence.
 ``model.memory_layers`` as in ``configs/mag.py``.
 
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
-``titans_lm.models.presets.titans_config``.
+``titans_lm.config.backbones.titans_config``.
 """
 
 from __future__ import annotations
 
 from titans_lm.config.presets import PAPER_SIZES
-from titans_lm.models.presets import titans_config
+from titans_lm.config.backbones import titans_config
 
 #            d_model, n_layers, n_heads, d_ff
 _PAPER = {

@@ -4,13 +4,13 @@ TTT-MLP (Sun et al. 2024, arXiv:2407.04620) as the token mixer of Transformer++ 
 (``titans_lm.models.ttt``): inner model f(x) = x + LN(MLP(x)), a 2-layer MLP of 4x expansion and
 GELU with fast W1, b1, W2, b2 and an outer-loop LN scale and shift, TTT's base inner learning rate
 0.1. The rest (mini-batch 16 with TTT's running-mean reads, no momentum or decay, learned W0,
-heads of 64, runs): ``titans_lm.models.presets.ttt_config``.
+heads of 64, runs): ``titans_lm.config.backbones.ttt_config``.
 """
 
 from __future__ import annotations
 
 from titans_lm.config.presets import PAPER_SIZES
-from titans_lm.models.presets import ttt_config
+from titans_lm.config.backbones import ttt_config
 
 #            d_model, n_layers, d_ff
 _PAPER = {

@@ -48,30 +48,48 @@ BACKBONES = ("transformer", "swa", "ttt_linear", "lmm", "mac", "mag", "mal")
 TASKS = ("mqar", "niah")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written; each flag's default after its help, unless the help states it
+    (or the default is None or empty)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The script's command line (``--help`` shows every default)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--backbones", default=",".join(BACKBONES), help="comma-separated config names")
     p.add_argument("--tasks", default="mqar", help="comma-separated: mqar, niah")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--d_model", type=int, default=64)
-    p.add_argument("--n_layers", type=int, default=2)
+    p.add_argument("--steps", type=int, default=300, help="training steps per backbone and task")
+    p.add_argument("--batch_size", type=int, default=16, help="training rows per step")
+    p.add_argument("--d_model", type=int, default=64, help="model width of every backbone")
+    p.add_argument("--n_layers", type=int, default=2, help="blocks of every backbone")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: config's)")
     p.add_argument("--vocab_size", type=int, default=None,
                    help="task vocabulary (default: the task config's; MQAR 8192, S-NIAH 1024)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="training seed")
     p.add_argument("--context", default="reset", type=contexts,
                    help="comma-separated evaluation contexts: reset, whole, carry (one table each)")
     p.add_argument("--window", type=int, default=None,
                    help="attention window of every backbone that has one (model.window of swa, "
-                        "mag, mal; model.segment_len of mac); Transformer++ keeps full attention")
-    p.add_argument("--max_length", type=int, default=None, help="skip longer eval settings")
-    p.add_argument("--eval_examples", type=int, default=None, help="rows per eval setting")
-    p.add_argument("--out", default="runs/long_context")
+                        "mag, mal; model.segment_len of mac); Transformer++ keeps full attention "
+                        "(default: each config's)")
+    p.add_argument("--max_length", type=int, default=None,
+                   help="skip longer eval settings (default: none skipped)")
+    p.add_argument("--eval_examples", type=int, default=None,
+                   help="rows per eval setting (default: the task config's)")
+    p.add_argument("--out", default="runs/long_context", help="folder of the runs and tables")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="extra override for every run, e.g. --set=task.train_pairs=(8,16)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def contexts(text: str) -> tuple[str, ...]:

@@ -4,6 +4,8 @@ on tinyshakespeare (vocabulary 320, T = 64, d_model 32, 2 layers), built from th
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -63,6 +65,24 @@ def run_cli(args: list[str], timeout: float = 240, **kw) -> subprocess.Completed
     env = one_device_env()
     return subprocess.run([sys.executable, "-m", "titans_lm.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=kw.pop("cwd", REPO), **kw)
+
+
+def call_cli(args: list[str], cwd: str | Path = REPO) -> subprocess.CompletedProcess:
+    """``titans_lm.cli.main`` called in this process, answered as :func:`run_cli` answers (exit
+    status, stdout, stderr) without starting an interpreter and JAX for each call. The command
+    runs on this process's devices (the suite's 8 virtual CPUs; the tiny runs set mesh.data=1).
+    Signals, several processes and anything that needs a fresh interpreter use :func:`run_cli`."""
+    from titans_lm import cli  # only for the tests that call it
+    out, err = io.StringIO(), io.StringIO()
+    argv, here = list(sys.argv), Path.cwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["titans-lm", *(str(a) for a in args)])
+    finally:
+        os.chdir(here)
+        sys.argv = argv
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def random_batch(batch_size: int, seq_len: int, seed: int = 0, vocab: int = VOCAB) -> dict:

@@ -1,20 +1,24 @@
 """``titans-lm``: the command line.
 
     titans-lm prepare --config=configs/transformer.py:tiny
-    titans-lm train   --config=configs/transformer.py:tiny [--config.train.steps=100] [--workdir=runs/tiny]
-    titans-lm eval    --workdir=runs/tiny [--split=test|validation] [--text=FILE] [--step=N]
-                      [--context=reset|carry|both] [--by_position] [--ablate_at=P] [--max_tokens=N]
-    titans-lm generate --workdir=runs/tiny --prompt="ROMEO:" [--prompt_file=F] [--max_new_tokens=N]
-                      [--temperature=T] [--top_k=K] [--top_p=P] [--seed=S]
+    titans-lm train   --config=configs/transformer.py:tiny [--config.train.steps=100]
+                      [--workdir=runs/transformer-tiny]
+    titans-lm eval    --workdir=runs/transformer-tiny [--split=test|validation] [--text=FILE]
+                      [--step=N] [--context=reset|carry|both] [--by_position] [--ablate_at=P]
+                      [--max_tokens=N]
+    titans-lm generate --workdir=runs/transformer-tiny --prompt="ROMEO:" [--prompt_file=F]
+                      [--max_new_tokens=N] [--temperature=T] [--top_k=K] [--top_p=P] [--seed=S]
     titans-lm config  --config=configs/transformer.py:tiny [--config.train.steps=100]
-    titans-lm plot    runs/tiny [runs/other ...] [--out=curves.png] [--by_position]
-    titans-lm export  --workdir=runs/tiny --out=exports/tiny [--step=N]
+    titans-lm config  --explain [--config=...] [--format=text|md]
+    titans-lm plot    runs/transformer-tiny [runs/other ...] [--out=curves.png] [--by_position]
+    titans-lm export  --workdir=runs/transformer-tiny --out=exports/transformer-tiny [--step=N]
     titans-lm launch  [--num_processes=2] [--devices_per_process=4] [--command=train|eval] -- FLAGS
 
 ``train`` resumes from the newest checkpoint in ``--workdir`` when there is one (rerun the same
 command after an interruption), and with ``--eval_after`` (the default) evaluates the finished run
 on the held-out text. The default workdir is ``runs/<config file name>-<size>``; it holds the
-resolved config (``config.json``, which ``config`` prints without training), the data record
+resolved config (``config.json``, which ``config`` prints without training; ``config --explain``
+describes every field: ``docs/config.md``), the data record
 (``data.json``), ``metrics.jsonl``, ``tb/``, ``checkpoints/`` and the ``eval_*.json`` results.
 ``plot`` draws the loss and throughput curves of runs into a PNG (``--by_position``: their
 loss-by-position results, ``titans_lm.eval.by_position``). ``export`` writes a checkpoint's
@@ -24,7 +28,8 @@ parameters (safetensors) with the config and the tokenizer to a folder that ``ev
 (``titans_lm.train.launch``).
 
 Any config field can be overridden with ``--config.<section>.<field>=value``; an unknown field, a
-value of the wrong type, or a missing config file stops with a message naming it. Exit status: 0
+value of the wrong type or out of range, a field the backbone does not use, or a missing config
+file stops with a message naming it, before JAX is imported or any data prepared. Exit status: 0
 done; 1 an error (printed as one message, no traceback, for configuration, data and checkpoint
 problems and a non-finite loss); 2 bad usage; after SIGTERM / Ctrl-C, once the checkpoint is
 saved, 128 + the signal number (143 / 130) so schedulers see an unfinished run.
@@ -43,13 +48,12 @@ from pathlib import Path
 from absl import app, flags, logging as absl_logging
 
 from titans_lm.config import validate
+from titans_lm.config.fields import FIELDS
 from titans_lm.config.flag import define_config_flag
 from titans_lm.config.overrides import EVAL_OVERRIDABLE, split_overrides
+from titans_lm.config.reference import explain, reference_configs
 from titans_lm.config.serialize import config_json
-from titans_lm.data.prepare import prepare
 from titans_lm.data.user_corpus import resolve_config
-
-COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot")
 
 COMMANDS = ("prepare", "train", "eval", "generate", "config", "plot", "launch", "export")
 
@@ -110,6 +114,11 @@ _BAD_CHECKPOINT = flags.DEFINE_enum(
     "bad_checkpoint", "fallback", ["fallback", "refuse"],
     "train/eval: when the newest checkpoint is damaged, name it and use the previous complete "
     "one (fallback), or stop (refuse).")
+_EXPLAIN = flags.DEFINE_boolean(
+    "explain", False, "config: describe every field (type, default, valid values, what it does) "
+    "instead of printing the config: of --config when given, else of every config in configs/.")
+_FORMAT = flags.DEFINE_enum("format", "text", ["text", "md"],
+                            "config --explain: plain text or Markdown (docs/config.md).")
 _VERBOSE = flags.DEFINE_boolean("verbose", False, "Print the traceback of an error too.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "train/eval: multi-process run, host:port of process 0's "
@@ -130,7 +139,8 @@ COMMAND_FLAGS = {"prepare": ("config", "verbose"),
                           "coordinator_address", "num_processes", "process_id"),
                  "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
                               "top_k", "top_p", "seed", "max_context", "step", "verbose"),
-                 "config": ("config",), "plot": ("out", "by_position", "title", "pattern"),
+                 "config": ("config", "explain", "format"),
+                 "plot": ("out", "by_position", "title", "pattern"),
                  "export": ("workdir", "out", "step", "bad_checkpoint", "verbose")}
 _COMMAND_SUMMARY = {
     "prepare": "Train the tokenizer and write the token stores of the config's corpus (cached).",
@@ -138,7 +148,8 @@ _COMMAND_SUMMARY = {
     "eval": "Score the newest (or --step) checkpoint of --workdir on held-out text.",
     "generate": "Sample a continuation of each prompt with the newest (or --step) checkpoint of "
                 "--workdir, printing it as it is produced (timings on stderr).",
-    "config": "Print the resolved config (the config.json a run would hold) without training.",
+    "config": "Print the resolved config (the config.json a run would hold) without training; "
+              "--explain: describe its fields (docs/config.md).",
     "plot": "titans-lm plot W1 [W2 ...]: draw train/validation loss and tokens/s of runs into a PNG "
             "(--by_position: their loss by position in the document; prints a JSON summary).",
     "export": "Write the newest (or --step) checkpoint's parameters (model.safetensors) with "
@@ -197,7 +208,13 @@ def _fail(cmd: str, err: BaseException) -> int:
 
 
 def _load_config():
-    """The parsed ``--config`` (overrides applied), or a clear error."""
+    """The parsed ``--config`` (overrides applied), validated (``titans_lm.config.validate``:
+    needs no JAX, so a config error stops a command before anything is imported or prepared).
+
+    Raises:
+      UsageError: no ``--config``, or a config file that failed to load.
+      ValueError: a field's value (naming the field).
+    """
     if flags.FLAGS["config"].present == 0 and _CONFIG.value is None:
         raise UsageError("--config is required, e.g. --config=configs/transformer.py:tiny")
     cfg = _CONFIG.value
@@ -206,7 +223,9 @@ def _load_config():
     except OSError as e:
         spec = flags.FLAGS["config"].config_filename
         raise UsageError(f"cannot load the config file {spec!r}: {str(e).splitlines()[0]}") from None
-    return resolve_config(cfg)
+    cfg = resolve_config(cfg)
+    validate(cfg)
+    return cfg
 
 
 def default_workdir(cfg) -> str:
@@ -220,6 +239,7 @@ def default_workdir(cfg) -> str:
 def _prepare(inv: Invocation) -> int:
     del inv
     cfg = _load_config()
+    from titans_lm.data.prepare import prepare  # deliberate: numpy, sentencepiece only to prepare
     p = prepare(cfg.data)
     for split, store in p.stores.items():
         print(f"{p.corpus}/{split}: {store.num_docs} documents, {store.num_real_tokens:,} tokens "
@@ -229,10 +249,10 @@ def _prepare(inv: Invocation) -> int:
 
 
 def _train(inv: Invocation) -> int:
+    cfg = _load_config()  # a config error stops here, before JAX loads
     from titans_lm.train import distributed  # deliberate: lazy JAX
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from titans_lm.train.loop import train  # deliberate: lazy JAX
-    cfg = _load_config()
     workdir = _WORKDIR.value or default_workdir(cfg)
     print(f"workdir: {workdir}", file=sys.stderr)
     inv.phase = "the set-up before the training steps (this call saved no checkpoint)"
@@ -299,9 +319,20 @@ def _export(inv: Invocation) -> int:
 
 def _config(inv: Invocation) -> int:
     del inv
-    cfg = _load_config()
-    validate(cfg)
-    print(config_json(cfg), end="")
+    if _EXPLAIN.value:
+        if _CONFIG.value is None:
+            if not Path("configs").is_dir():
+                raise UsageError("config --explain without --config describes the configs in "
+                                 "configs/ of the current directory (run it at the repository), "
+                                 "or pass --config=path/to/config.py[:size]")
+            configs = reference_configs("configs")
+            title = "Config reference"
+        else:
+            configs = {flags.FLAGS["config"].config_filename: _load_config()}
+            title = f"Fields of {flags.FLAGS['config'].config_filename}"
+        print(explain(configs, _FORMAT.value, title), end="")
+        return 0
+    print(config_json(_load_config()), end="")
     return 0
 
 
@@ -338,32 +369,53 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+# The errors a command reports as one message (exit status 1), by module and name: a command
+# that never imported a module cannot raise its error, so none is imported to catch it.
+_REPORTED_ERRORS = (("builtins", "ValueError"), ("builtins", "OSError"),
+                    ("titans_lm.train.checkpoint", "CheckpointError"),
+                    ("titans_lm.train.loop", "NonFiniteLossError"))
+
+
+def _reported(err: BaseException) -> bool:
+    """Whether ``err`` is one of :data:`_REPORTED_ERRORS` (of the modules loaded so far)."""
+    return any(isinstance(err, getattr(sys.modules[module], name))
+               for module, name in _REPORTED_ERRORS if module in sys.modules)
+
+
 def _run_command(cmd: str, eval_overrides: dict[str, str]):
     def main(argv) -> int:
-        from titans_lm.train.checkpoint import CheckpointError  # deliberate: lazy JAX
-        from titans_lm.train.loop import NonFiniteLossError  # deliberate: lazy JAX
         absl_logging.set_verbosity(absl_logging.ERROR)  # orbax/absl chatter; errors still show
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        if len(argv) > 1 and cmd != "plot":
-            print(f"titans-lm {cmd}: error: unexpected arguments {argv[1:]}", file=sys.stderr)
-            return 2
-        inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
-            return _MAINS[cmd](inv)
-        except UsageError as e:
-            print(f"titans-lm {cmd}: error: {e}\n\n{USAGE}", file=sys.stderr)
-            return 2
-        except (ValueError, OSError, CheckpointError, NonFiniteLossError) as e:
-            return _fail(cmd, e)
-        except KeyboardInterrupt:
-            during = f" during {inv.phase}" if inv.phase else ""
-            print(f"titans-lm {cmd}: interrupted by Ctrl-C{during}", file=sys.stderr)
-            return 130
-        except Terminated:
-            during = f" during {inv.phase}" if inv.phase else ""
-            print(f"titans-lm {cmd}: stopped by SIGTERM{during}", file=sys.stderr)
-            return 128 + signal.SIGTERM
+            return _report(cmd, argv, eval_overrides)
+        finally:  # a caller in the same process (a test) gets its own handler back
+            signal.signal(signal.SIGTERM, previous)
     return main
+
+
+def _report(cmd: str, argv: list[str], eval_overrides: dict[str, str]) -> int:
+    """Run ``cmd``; its errors, Ctrl-C and SIGTERM become one message and an exit status."""
+    if len(argv) > 1 and cmd != "plot":
+        print(f"titans-lm {cmd}: error: unexpected arguments {argv[1:]}", file=sys.stderr)
+        return 2
+    inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
+    try:
+        return _MAINS[cmd](inv)
+    except UsageError as e:
+        print(f"titans-lm {cmd}: error: {e}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  (re-raised unless _reported)
+        if not _reported(e):
+            raise
+        return _fail(cmd, e)
+    except KeyboardInterrupt:
+        during = f" during {inv.phase}" if inv.phase else ""
+        print(f"titans-lm {cmd}: interrupted by Ctrl-C{during}", file=sys.stderr)
+        return 130
+    except Terminated:
+        during = f" during {inv.phase}" if inv.phase else ""
+        print(f"titans-lm {cmd}: stopped by SIGTERM{during}", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 def _config_arg(argv: list[str]) -> str | None:
@@ -385,6 +437,11 @@ def _field_problem(argv: list[str], err: BaseException) -> str:
     for a in argv:
         if a.lstrip("-").startswith("config.") and key in a.split("=", 1)[0].split(".")[1:]:
             field = a.split("=", 1)[0].lstrip("-").removeprefix("config.")
+            known = FIELDS.get(field)
+            if known is not None and known.used_by:  # a field of other backbones (or tasks)
+                return (f"config field {field!r}: this config's "
+                        f"{'backbone' if field.startswith('model.') else 'task'} does not use it "
+                        f"(used by {', '.join(known.used_by)})")
             return f"unknown config field {field!r}{(' (' + hint.strip() + ')') if hint else ''}"
     return f"unknown config field {key!r}{(' (' + hint.strip() + ')') if hint else ''}"
 
@@ -401,6 +458,11 @@ def parse_flags(argv: list[str]) -> list[str]:
         path = spec.partition(":")[0]
         if not Path(path).is_file():
             raise UsageError(f"config file {path!r} not found (from --config={spec})")
+    # From the defaults, also when main runs again in one process: config_flags defines a flag
+    # per override (``config.train.steps``) while parsing, so the last call's are removed.
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+        delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:

@@ -16,7 +16,7 @@ import shutil
 import pytest
 
 from _backbones import REPO
-from _tiny_run import run_cli
+from _tiny_run import call_cli
 from titans_lm.eval.results import latest_result
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +39,7 @@ def shared(tmp_path_factory):
 
 
 def _run(args):
-    return run_cli(args, timeout=600)
+    return call_cli(args)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The command line as a new user meets it: training on a folder of text files, the run folder
 (config.json, data.json, timestamps, plot), evaluation flags that mean what they say, and
-messages that lead with the cause. Every test goes through ``python -m titans_lm.cli``."""
+messages that lead with the cause. Every test calls ``titans_lm.cli.main`` (in this process;
+the SIGTERM test runs ``python -m titans_lm.cli``)."""
 
 import re
 import json
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from _tiny_run import REPO, cli_args, one_device_env, run_cli
+from _tiny_run import REPO, call_cli, cli_args, one_device_env
 from titans_lm.eval.results import read_results
 
 LMM_CONFIG = REPO / "configs" / "lmm.py"
@@ -41,7 +42,7 @@ def run(tmp_path_factory, corpus_text):
     root = tmp_path_factory.mktemp("user")
     corpus = _write_corpus(root / "my_corpus", corpus_text)
     args = cli_args(root / "cache", root / "run", data__corpus=corpus, eval__max_docs=1)
-    p = run_cli(["train"] + args)
+    p = call_cli(["train"] + args)
     assert p.returncode == 0, p.stderr
     return root, corpus, args, p
 
@@ -57,17 +58,17 @@ def test_own_corpus_trains_evaluates_and_records_the_run(run):
     # config.json: the resolved config (absolute corpus path), what `titans-lm config` prints
     saved = json.loads((w / "config.json").read_text())
     assert saved["data"]["corpus"] == str(corpus) and saved["train"]["steps"] == 6
-    c = run_cli(["config"] + args[:-1])
+    c = call_cli(["config"] + args[:-1])
     assert c.returncode == 0 and json.loads(c.stdout) == saved, c.stderr
     data = json.loads((w / "data.json").read_text())
     assert data["corpus"] == str(corpus) and set(data["stores"]) == {"train", "validation"}
     recs = [json.loads(x) for x in (w / "metrics.jsonl").read_text().splitlines()]
     assert all("time" in r and r["wall_s"] >= 0 for r in recs)
     # the plot of one run and of two
-    p = run_cli(["plot", str(w)])
+    p = call_cli(["plot", str(w)])
     assert p.returncode == 0 and (w / "curves.png").stat().st_size > 10_000, p.stderr
     out = root / "both.png"
-    p = run_cli(["plot", str(w), str(w), f"--out={out}"])
+    p = call_cli(["plot", str(w), str(w), f"--out={out}"])
     assert p.returncode == 0 and f"wrote {out}" in p.stdout and out.is_file(), p.stderr
 
 
@@ -75,7 +76,7 @@ def test_eval_validation_scores_validation_sets_only(run):
     root, *_ = run
     w = root / "run"
     before = (w / "eval_wikitext2-test_step6_docs1_reset.json").read_text()
-    p = run_cli(["eval", f"--workdir={w}", "--split=validation"])
+    p = call_cli(["eval", f"--workdir={w}", "--split=validation"])
     assert p.returncode == 0, p.stderr
     for name, split in (("user-my_corpus-validation", "validation"),
                         ("wikitext2-validation", "validation")):
@@ -88,7 +89,7 @@ def test_eval_validation_scores_validation_sets_only(run):
 def test_eval_overrides_honoured_or_refused_by_name(run):
     root, *_ = run
     w = root / "run"
-    p = run_cli(["eval", f"--workdir={w}", "--config.data.seq_len=128", "--config.eval.batch_size=4",
+    p = call_cli(["eval", f"--workdir={w}", "--config.data.seq_len=128", "--config.eval.batch_size=4",
                  "--nowikitext"])
     assert p.returncode == 0, p.stderr
     (res,) = read_results(w, "user-my_corpus-test_seq_len128")
@@ -96,7 +97,7 @@ def test_eval_overrides_honoured_or_refused_by_name(run):
                                                            "eval.batch_size": "4"}
     assert "windows of 128 tokens" in p.stdout
     assert json.loads((w / "eval_user-my_corpus-test_step6_reset.json").read_text())["seq_len"] == 64
-    p = run_cli(["eval", f"--workdir={w}", "--config.model.d_model=64", "--config.train.steps=9"])
+    p = call_cli(["eval", f"--workdir={w}", "--config.model.d_model=64", "--config.train.steps=9"])
     assert p.returncode == 1
     assert ("eval cannot override --config.model.d_model, --config.train.steps: the checkpoint "
             "fixes the model") in p.stderr and "data.seq_len" in p.stderr
@@ -110,7 +111,7 @@ def test_text_results_are_named_apart(run, tmp_path):
     for fname in ("notes.v1.txt", "notes.v2.txt"):  # the same name before the first dot
         f = tmp_path / fname
         f.write_text(f"{fname}: to be, or not to be.\n" * 4)
-        p = run_cli(["eval", f"--workdir={w}", f"--text={f}"])
+        p = call_cli(["eval", f"--workdir={w}", f"--text={f}"])
         assert p.returncode == 0, p.stderr
         names.append(next(l.split()[0] for l in p.stdout.splitlines() if l.startswith("text-")))
     results = sorted(x.name for x in w.glob("eval_text-notes.*"))
@@ -121,7 +122,7 @@ def test_text_results_are_named_apart(run, tmp_path):
 def test_different_backbone_is_refused_leading_with_the_name(run):
     root, corpus, args, _ = run
     lmm = [a for a in args if not a.startswith(("--config=", "--config.model.n_heads"))]
-    p = run_cli(["train", f"--config={LMM_CONFIG}:tiny", "--config.model.memory.head_dim=16"] + lmm)
+    p = call_cli(["train", f"--config={LMM_CONFIG}:tiny", "--config.model.memory.head_dim=16"] + lmm)
     assert p.returncode == 1
     msg = p.stderr.split("titans-lm train: error: ", 1)[1]
     assert msg.startswith(f"cannot resume {root / 'run'}: its checkpoint (step 6) was written for "
@@ -157,7 +158,7 @@ def test_changed_corpus_is_refused_not_mixed(run):  # last: it edits the run's c
     text = f.read_text()
     try:
         f.write_text(text + "A new line.\n")
-        p = run_cli(["train"] + [a.replace("train.steps=6", "train.steps=9") for a in args]
+        p = call_cli(["train"] + [a.replace("train.steps=6", "train.steps=9") for a in args]
                     + ["--config.optim.warmup_steps=80"])
     finally:
         f.write_text(text)

@@ -2,7 +2,6 @@
 isolated at a chunk of 128."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from titans_lm.config.backbones import ttt_engine_lr
 from titans_lm.memory import memory_scan
 from titans_lm.memory.gates import ttt_theta
 from titans_lm.memory.inner_models import LinearMemory, MLPMemory, ResidualLN
-from titans_lm.models.presets import ttt_engine_lr
 
 B_MINI = 16
 N_MINI = 3

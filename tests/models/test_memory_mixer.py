@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from titans_lm.config.backbones import memory_section
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.memory_mixer import (MemoryMixer, make_memory, memory_config,
                                            memory_layer_indices)
-from titans_lm.models.presets import memory_section
 from titans_lm.nn.segments import PERSISTENT_SEGMENT_ID
 from titans_lm.nn.stream import fresh_stream_state, make_stream
 

@@ -48,3 +48,12 @@ def test_one_table_per_context(tmp_path):
     assert "| transformer (eval failed: x) | - | 0.600 | - | - |" in carry
     assert (tmp_path / "mqar_reset.png").is_file() and (tmp_path / "mqar_carry.png").is_file()
     assert json.loads((tmp_path / "results.json").read_text()) == results
+
+
+def test_help_shows_every_default():
+    text = " ".join(long_context.parser().format_help().split())
+    for flag, default in (("--steps STEPS", "300"), ("--seed SEED", "0"),
+                          ("--out OUT", "runs/long_context"), ("--tasks TASKS", "mqar")):
+        after = text.rsplit(flag, 1)[1].split(" --", 1)[0]  # its help under "options:"
+        assert after.endswith(f"(default: {default})"), after
+    assert "(default: None)" not in text

@@ -4,7 +4,8 @@ A backbone's config file (``configs/<name>.py``) calls :func:`base_config` (and 
 :mod:`titans_lm.config.presets`) and fills ``model``.
 Every field exists up front, so an override of an unknown field (``--config.train.stpes=5``) or a
 value of the wrong type fails at parse time with a message naming the field (ml_collections).
-:func:`validate` adds the value checks that types alone cannot express.
+:func:`validate` adds the value checks that types alone cannot express, and refuses a field that
+the run would not read (:mod:`titans_lm.config.fields`, which describes every field).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import ml_collections
 
 from titans_lm.config.alignment import check_config_alignment
+from titans_lm.config.fields import check_fields
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -102,10 +104,15 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
-    """Check values that types cannot express.
+    """Check values that types cannot express, and that every field is one the run reads.
+
+    Needs nothing but the config (no JAX, no data): the command line runs it before anything
+    else, and ``titans_lm.train.train`` and ``titans_lm.eval`` run it too.
 
     Raises:
-      ValueError: naming the first offending field and the accepted range.
+      ValueError: naming the offending field(s) and the accepted range; a field unknown to
+        :data:`titans_lm.config.fields.FIELDS`, or one the backbone (``model.name``) or task
+        does not read, is named with the backbone or task.
     """
     def need(ok: bool, field: str, msg: str) -> None:
         if not ok:
@@ -143,4 +150,56 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         need(v == -1 or v >= 1, f"mesh.{ax}", f"must be -1 or >= 1, got {v}")
     need(cfg.eval.batch_size > 0, "eval.batch_size", "must be positive")
     need("name" in cfg.model, "model.name", "missing: the config file must set model.name")
+    check_fields(cfg)
+    check_model_shape(cfg.model)
     check_config_alignment(cfg)  # a document start, where the memory resets, must start a chunk
+
+
+def check_model_shape(model: ml_collections.ConfigDict) -> None:
+    """The model fields that must fit together: attention heads, memory heads and depth, the
+    surprise clip and its engine, memory layers.
+
+    Raises:
+      ValueError: naming the fields (e.g. ``model.d_model`` and ``model.n_heads``).
+    """
+    d_model = int(model.get("d_model", 0))
+    heads = int(model.get("n_heads", 0))
+    if d_model >= 1 and heads >= 1 and (d_model % heads or (d_model // heads) % 2):
+        fit = 2 * heads * max(1, round(d_model / (2 * heads)))
+        raise ValueError(
+            f"config fields model.d_model={d_model} and model.n_heads={heads}: the attention "
+            f"head width d_model / n_heads must be an even integer (RoPE rotates pairs), got "
+            f"{d_model / heads:g}; e.g. --config.model.d_model={fit}")
+    memory = model.get("memory")
+    name = model.get("name")
+    depth = memory.get("memory_depth", 0) if memory is not None else 0
+    if (name == "ttt_linear" and depth != 1) or (name == "ttt_mlp" and depth < 2):
+        raise ValueError(f"config field model.memory.memory_depth: {name} needs "
+                         f"{'1 (a linear' if name == 'ttt_linear' else '>= 2 (an MLP'} inner "
+                         f"model), got {depth}")
+    if memory is not None and memory.get("surprise_max_norm", 0) > 0 and \
+            memory.get("impl") not in ("chunked", "reference"):
+        raise ValueError(f"config fields model.memory.surprise_max_norm="
+                         f"{memory.surprise_max_norm} and model.memory.impl={memory.impl!r}: the "
+                         f"surprise clip runs in the 'chunked' and 'reference' engines only; set "
+                         f"one of them or surprise_max_norm=0")
+    if memory is not None and d_model >= 1 and not memory.get("n_heads"):
+        head_dim = int(memory.get("head_dim", 0))
+        if head_dim >= 1 and d_model % head_dim:
+            raise ValueError(
+                f"config fields model.memory.head_dim={head_dim} and model.d_model={d_model}: "
+                f"head_dim must divide d_model when model.memory.n_heads is 0 (automatic), or "
+                f"set model.memory.n_heads")
+    if "memory_layers" in model:
+        n_layers = int(model.get("n_layers", 0))
+        text = str(model.memory_layers).strip().lower()
+        if text not in ("all", "none", ""):
+            try:
+                indices = [int(p) for p in text.split(",")]
+            except ValueError:
+                indices = None
+            if indices is None or any(not -n_layers <= i < n_layers for i in indices):
+                raise ValueError(
+                    f"config field model.memory_layers: must be 'all', 'none' or comma-separated "
+                    f"indices of the model.n_layers={n_layers} layers (e.g. '0,2'; -1 = the "
+                    f"last), got {model.memory_layers!r}")

@@ -11,8 +11,7 @@
 - :func:`check_size`: a config file's size argument, checked against its sizes.
 
 The memory backbones' builders (``titans_config``, ``ttt_config``, the ``model.memory`` section)
-are in :mod:`titans_lm.models.presets`: their memory section mirrors the memory layer's
-``MemoryConfig``, which this package (a leaf that imports nothing of the model) cannot read.
+are in :mod:`titans_lm.config.backbones`.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class MemoryConfig:
         effective inner rate theta / (1 - eta) grows without bound; with mini-batch gradients (all
         taken at the chunk-start state) the write then diverges on correlated keys (measured: the
         optimiser drove eta to 0.999 and the tiny MAC's loss to NaN at lr 3e-3), so the Titans
-        configs use 0.9 (``titans_lm.models.presets.TITANS_MEMORY``).
+        configs use 0.9 (``titans_lm.config.backbones.TITANS_MEMORY``).
       gate_granularity: "token": gates per token; "chunk": every token of a mini-batch uses the
         gate pre-activations of its first token (the chunk's, or a document start's; causal:
         that token precedes or is the token itself, so no read depends on a later token; a mean

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 from flax import nnx
 
+from titans_lm.config.fields import check_model_fields
+
 _BUILDERS: dict[str, Callable[..., nnx.Module]] = {}
 
 
@@ -45,12 +47,15 @@ def build_model(model_cfg, *, rngs: nnx.Rngs) -> nnx.Module:
 
     Raises:
       ValueError: if ``model_cfg`` has no ``name`` or names an unregistered backbone (the message
-        lists the registered names), or if the builder rejects the config.
+        lists the registered names), has a field the backbone does not read or a value out of
+        range (``titans_lm.config.fields``: nothing is silently ignored), or if the builder
+        rejects the config.
     """
     name = model_cfg.get("name") if hasattr(model_cfg, "get") else getattr(model_cfg, "name", None)
     if not name:
         raise ValueError(f"model config has no 'name'; registered models: {registered_names()}")
     if name not in _BUILDERS:
         raise ValueError(f"unknown model name {name!r}; registered models: {registered_names()}")
+    check_model_fields(model_cfg)
     with nnx.use_eager_sharding(False):
         return _BUILDERS[name](model_cfg, rngs=rngs)

@@ -1,14 +1,15 @@
-"""The memory backbones' config builders: the memory section mirrors MemoryConfig, the Titans
-memory, backbone_config at tiny and paper sizes. (The run presets: tests/config/test_presets.py.)"""
+"""The memory backbones' config builders (titans_lm.config.backbones): the memory section mirrors
+MemoryConfig, the Titans memory, backbone_config at tiny and paper sizes. (The run presets:
+tests/config/test_presets.py.)"""
 
 import dataclasses
 
 import pytest
 
+from titans_lm.config.backbones import (MEMORY_DEFAULTS, TITANS_MEMORY, backbone_config,
+                                        memory_section, titans_config, titans_memory_section)
 from titans_lm.config.presets import PAPER_SIZES
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.models.presets import (TITANS_MEMORY, backbone_config, memory_section,
-                                      titans_config, titans_memory_section)
 
 
 def test_memory_section_has_every_switch():
@@ -17,6 +18,9 @@ def test_memory_section_has_every_switch():
     assert set(s.keys()) == want
     assert s.n_heads == 0 and s.head_dim == 64 and s.use_decay is False
     assert s.chunk_size == MemoryConfig.chunk_size
+    # The config package's copy of the layer's defaults (it imports nothing of the model).
+    assert MEMORY_DEFAULTS == {f.name: f.default for f in dataclasses.fields(MemoryConfig)
+                               if f.name in want}
     with pytest.raises(ValueError, match="unknown memory field"):
         memory_section(dtype="float32")
     t = titans_memory_section(chunk_size=8)

@@ -1,8 +1,9 @@
 """Config building blocks shared by the memory backbones' config files (``configs/<name>.py``).
 
-- :func:`memory_section`: a ``model.memory`` ConfigDict with every ``MemoryConfig`` field (so any
-  switch can be overridden from the command line, e.g. ``--config.model.memory.use_decay=False``);
-  ``n_heads = 0`` means ``d_model // head_dim``.
+- :func:`memory_section`: a ``model.memory`` ConfigDict with every field of the memory layer's
+  ``MemoryConfig`` (:data:`MEMORY_DEFAULTS`; so any switch can be overridden from the command
+  line, e.g. ``--config.model.memory.use_decay=False``); ``n_heads = 0`` means
+  ``d_model // head_dim``.
 - :func:`titans_memory_section`, :func:`titans_config`: the memory settings shared by the
   Titans backbones (LMM, MAC, MAG, MAL), with the stability bounds explained at TITANS_MEMORY.
 - :func:`backbone_config`: the whole config of a memory backbone at a size, which each
@@ -10,32 +11,38 @@
   :func:`titans_config` and :func:`ttt_config` for the two families.
 
 The run presets they use (sizes, token budgets, the tiny and paper runs) are
-:mod:`titans_lm.config.presets`; these builders stay with the models because the memory section
-mirrors the memory layer's ``MemoryConfig`` (its fields and defaults).
+:mod:`titans_lm.config.presets`. Like the rest of this package they import nothing of the model
+(a config file loads without JAX): :data:`MEMORY_DEFAULTS` mirrors ``MemoryConfig``'s fields and
+defaults (``titans_lm.memory.config``; tests/config/test_backbones.py keeps the two equal).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import ml_collections
 
-from titans_lm.config import base_config
+from titans_lm.config.base import base_config
 from titans_lm.config.presets import (PAPER_SIZES, TINY_SHAPE, check_size, set_paper_run, set_shell,
                                       set_tiny_run)
-from titans_lm.memory.config import MemoryConfig
 
-_FROM_MODEL_SECTION = ("d_model", "dtype", "param_dtype")
+# ``titans_lm.memory.config.MemoryConfig``'s fields and defaults, less those the model section
+# gives (d_model, dtype, param_dtype).
+MEMORY_DEFAULTS = dict(
+    n_heads=4, head_dim=32, memory_depth=2, memory_expansion=4.0, memory_activation="silu",
+    memory_bias=False, memory_residual_ln=False, memory_ln_fast=True, chunk_size=16,
+    theta_max=0.0005, gate_style="titans", ttt_base_lr=1.0, eta_max=0.9, gate_granularity="token",
+    use_momentum=True, use_decay=True, theta_bias_init=0.0, eta_bias_init=2.0,
+    alpha_bias_init=-6.0, use_conv=True, conv_kernel=4, qk_l2_norm=True, v_l2_norm=False,
+    use_output_gate=True, read="after_write", read_running_mean=False, surprise_max_norm=0.0,
+    impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
 
 
 def memory_section(**overrides) -> ml_collections.ConfigDict:
-    """Every MemoryConfig field (defaults of the dataclass, then ``overrides``), as a ConfigDict.
+    """Every MemoryConfig field (:data:`MEMORY_DEFAULTS`, then ``overrides``), as a ConfigDict.
 
     Raises:
       ValueError: for an override that is not a MemoryConfig field or is set from the model section.
     """
-    fields = {f.name: f.default for f in dataclasses.fields(MemoryConfig)
-              if f.name not in _FROM_MODEL_SECTION}
+    fields = dict(MEMORY_DEFAULTS)
     fields["n_heads"] = 0  # automatic: d_model // head_dim
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
