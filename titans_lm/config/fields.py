@@ -105,8 +105,9 @@ FIELDS: dict[str, Field] = {
                                    "(sentencepiece input_sentence_size).", _ints(1)),
     "data.seq_len": _f("Training window length T in tokens (eval: the window it scores in).",
                        _ints(1)),
-    "data.doc_align": _f("Documents are padded to, and windows start at, multiples of this; a "
-                         "memory's chunk size must divide it.", ("divides data.seq_len", None)),
+    "data.doc_align": _f("Documents are padded to, and windows start at, multiples of this (1: "
+                         "packed back to back; a document may start anywhere, the memory resets "
+                         "exactly inside a chunk).", ("divides data.seq_len", None)),
     "data.shuffle_seed": _f("Seed of the batch order."),
     "data.streamed": _f("Batch order: False draws every row from anywhere in the corpus; True "
                         "streams each row's documents window after window (what "
@@ -197,8 +198,9 @@ FIELDS: dict[str, Field] = {
     "model.memory.memory_ln_fast": _f("With memory_residual_ln: the LN scale and shift are fast "
                                       "weights (True) or outer-loop parameters (False, TTT).",
                                       _one_of(False, True), MEMORY_BACKBONES),
-    "model.memory.chunk_size": _f("Mini-batch b of the inner gradient descent; must divide "
-                                  "data.doc_align (and MAC's segment_len).", _ints(1),
+    "model.memory.chunk_size": _f("Mini-batch b of the inner gradient descent (a document "
+                                  "start inside a chunk cuts it); must divide MAC's segment_len.",
+                                  _ints(1),
                                   MEMORY_BACKBONES),
     "model.memory.theta_max": _f("Titans gates: inner learning rate theta = theta_max * "
                                  "sigmoid(.); stable below ~0.0005 at chunk 16.", POSITIVE,
