@@ -10,8 +10,8 @@ step ``s + 1`` must instead continue exactly where row ``r`` of step ``s`` stopp
   targets overlap by one, so its last token is the next window's first input).
 - With ``doc_align = A > 1`` each document is followed by padding (token ``PAD_ID``, segment id 0)
   up to the next multiple of A of the row stream, so every document starts at a multiple of A
-  (and, since T is a multiple of A, at a multiple of A inside its window): a neural memory honours
-  a document start only at a chunk start (``titans_lm.config.alignment``). Padding is never scored
+  (and, since T is a multiple of A, at a multiple of A inside its window); with A = 1 documents
+  follow each other directly (a memory resets exactly inside a chunk too). Padding is never scored
   and writes nothing into a memory.
 - Segment ids number the documents of a row (1, 2, 3, ...): a document that does not end inside
   a window continues in the next step's window of the same row *with the same segment id at its

@@ -18,10 +18,10 @@ normalised branches with learned weights, sigmoid, output projection); the paper
 operator open. h_j is mapped to the model width by the memory's output head (RMSNorm per head,
 output gate, W_O) before it joins the attention's context.
 
-Documents: the memory state resets to (W0, 0) at every document start (the data pipeline starts
-documents at multiples of 64; chunk sizes that divide 64 make them chunk starts, and
-``segment_len`` must be a multiple of the chunk size). A token whose document started inside the
-current segment retrieves from W0, not from the state of the previous document. The short
+Documents: the memory state resets to (W0, 0) at every document start, at any position (a start
+inside a chunk cuts it; ``segment_len`` must be a multiple of the chunk size so that the chunks
+tile a segment). A token whose document started inside the current segment retrieves from W0,
+not from the state of the previous document. The short
 convolution on the write's queries/keys/values carries the projections of the last
 ``conv_kernel - 1`` attention outputs across segment boundaries, restarting at document starts, so
 segments do not change it.

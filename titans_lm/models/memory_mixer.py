@@ -16,7 +16,7 @@ Shared by the memory backbones (TTT-Linear, TTT-MLP, Titans LMM, MAC, MAG, MAL):
   instead of (W0, 0), on a chunk grid that starts at the first real token
   (``titans_lm.memory.layer``). So each document sees exactly what a lone sequence
   [p || document] would give it (the paper's setting, one document per sequence), and a document
-  start at a multiple of 64 is a chunk start whatever N_p is.
+  start on the chunk grid is a chunk start whatever N_p is.
 - :func:`memory_layer_indices`: which layers of a hybrid carry memory (config ``memory_layers``).
 - :func:`build_memory_lm`: an LM whose every token mixer is a memory (TTT-Linear/MLP, LMM).
 """
