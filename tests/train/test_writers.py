@@ -27,7 +27,12 @@ def test_records_and_resume_truncation(tmp_path):
     w.write(3, {"loss": 9.0}, "train")
     w.close()
     assert read_metrics(tmp_path)[-1]["wall_s"] >= walls[1]  # continues the resumed run's clock
-    assert [(r["step"], r.get("loss")) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 0.5), (3, 9.0)]
+    assert [(r["step"], r.get("loss"), r.get("event")) for r in read_metrics(tmp_path)] == [
+        (1, 1.0, None), (2, 0.5, None), (2, None, "resume"), (3, 9.0, None)]
+    # resuming from the same step again: one resume record for it, not two
+    MetricWriter(tmp_path, resume_step=2).close()
+    assert [(r["step"], r.get("event")) for r in read_metrics(tmp_path)] == [
+        (1, None), (2, None), (2, "resume")]
     assert read_metrics(tmp_path / "nowhere") == []
     off = MetricWriter(tmp_path / "other", enabled=False)
     off.write(1, {"loss": 1.0}, "train")
