@@ -366,7 +366,8 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                                  batch_size=cfg.eval.batch_size, n_batches=tcfg.eval_batches,
                                  multiple=shd.batch_divisor(mesh))
 
-    writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0)
+    writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0,
+                          config=cfg.to_dict())
     # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one plain line
     # every log_every steps.
     use_bar = progress and _terminal_columns(sys.stderr) > 0
