@@ -368,8 +368,8 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
 
     writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0,
                           config=cfg.to_dict())
-    # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one plain line
-    # every log_every steps.
+    # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one timestamped
+    # line every log_every steps (and the first, and at least every LINE_EVERY_S seconds).
     use_bar = progress and _terminal_columns(sys.stderr) > 0
     bar = tqdm(total=tcfg.steps, initial=start, disable=not use_bar, dynamic_ncols=True,
                mininterval=1.0, unit="step")
