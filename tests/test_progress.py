@@ -72,3 +72,11 @@ def test_a_terminal_gets_a_bar_and_no_lines(monkeypatch):
         assert bar.bar_mode
         bar.update(2)
     assert lines == []
+
+
+def test_a_line_after_only_the_first_unit_gives_no_rate_or_eta(clock):
+    lines = []
+    bar = Progress(10, "w", "batch", stream=io.StringIO(), log=lines.append, quiet_s=5)
+    clock.t += 7  # a first batch that compiled for 7 s
+    bar.update()
+    assert lines[0].endswith("w: 1/10 batches (10%), 0:00:07 so far"), lines

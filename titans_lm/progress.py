@@ -8,7 +8,7 @@ by default), and one when the phase ends, e.g.
     2026-12-04 12:01:33 books-test reset: 120/480 batches (25%), 2.10 batches/s, 0:00:57 so far, ETA 0:02:51
 
 The rate and the ETA are measured from the end of the first unit on (the first often includes a
-compile); until a second unit is done, from the start. A phase whose total is unknown
+compile), so a line shows them once a second unit is done. A phase whose total is unknown
 (``total=None``) gets the same lines without a percentage or ETA.
 """
 
@@ -92,15 +92,17 @@ class Progress:
         """The progress line of now (without the timestamp)."""
         now = time.perf_counter()
         elapsed = now - self._t0
-        t_from, n_from = self._t0, self.initial
-        if self._first is not None and self.n > self._first[1]:
-            t_from, n_from = self._first
-        done, took = self.n - n_from, now - t_from
         count = f"{self.n:,}/{self.total:,}" if self.total is not None else f"{self.n:,}"
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        rate = f", {done / took:,.2f} {self._units()}/s" if done and took > 0 else ""
-        eta = eta_seconds(done, None if self.total is None else self.total - n_from, took)
-        left = f", ETA {hms(eta)}" if eta is not None and self.n < (self.total or 0) else ""
+        rate = left = ""
+        if self._first is not None and self.n > self._first[1]:
+            t_from, n_from = self._first
+            done, took = self.n - n_from, now - t_from
+            if took > 0:
+                rate = f", {done / took:,.2f} {self._units()}/s"
+            eta = eta_seconds(done, None if self.total is None else self.total - n_from, took)
+            if eta is not None and self.n < (self.total or 0):
+                left = f", ETA {hms(eta)}"
         return f"{self.desc}: {count} {self._units()}{pct}{rate}, {hms(elapsed)} so far{left}"
 
     def update(self, n: int = 1) -> None:
