@@ -14,7 +14,7 @@
   compile options, so results are unchanged. The cache is capped (LRU eviction, which also makes
   JAX lock the directory between processes) and may be deleted at any time;
   `TITANS_LM_TEST_COMPILATION_CACHE=0` turns it off. `TITANS_LM_COMPILE_CACHE` (the CLI's own
-  cache, `titans_lm.train.compile`) names the same folder, or `off`: a test never writes to the
+  cache, `titans_lm.train.compilation`) names the same folder, or `off`: a test never writes to the
   user's cache under `~/.cache`.
 - XLA:CPU's LLVM back end at -O0, and its older (non-MLIR) kernel emitters
   (`TITANS_LM_TEST_COMPILE_FLAGS`, also given to the CLI subprocesses). The suite's programs are

@@ -109,7 +109,7 @@ _VERBOSE = flags.DEFINE_boolean("verbose", False, "Print the traceback of an err
 _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache", None, "train/eval/generate: JAX's persistent compilation cache, a folder or "
     "off (default: $TITANS_LM_COMPILE_CACHE, else $JAX_COMPILATION_CACHE_DIR, else "
-    "~/.cache/titans_lm/jax; titans_lm.train.compile).")
+    "~/.cache/titans_lm/jax; titans_lm.train.compilation).")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "train/eval: multi-process run, host:port of process 0's "
     "coordinator (default: $JAX_COORDINATOR_ADDRESS; see titans-lm launch).")
@@ -335,7 +335,7 @@ def _run_command(cmd: str, eval_overrides: dict[str, str]):
         inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
         try:
             if cmd in ("train", "eval", "generate"):  # before anything compiles
-                from titans_lm.train.compile import use_compile_cache  # deliberate: lazy JAX
+                from titans_lm.train.compilation import use_compile_cache  # deliberate: lazy JAX
                 use_compile_cache(_COMPILE_CACHE.value,
                                   lambda m: print(m, file=sys.stderr, flush=True))
             return _MAINS[cmd](inv)

@@ -61,7 +61,7 @@ from titans_lm.eval.streaming import (CONTEXT_MODES, carry_note, make_carry_step
 from titans_lm.eval.tasks import evaluate_task, is_task_run
 from titans_lm.progress import Progress, hms
 from titans_lm.train import sharding as shd
-from titans_lm.train.compile import Announced
+from titans_lm.train.compilation import Announced
 from titans_lm.train.run_files import check_run_data
 from titans_lm.train.state import ModelFns, count_params
 from titans_lm.train.writers import read_metrics

@@ -35,7 +35,7 @@ import numpy as np
 from titans_lm.config import BOS_ID
 from titans_lm.generate.sampling import SamplingConfig, sample_logits
 from titans_lm.models.lm import continued
-from titans_lm.train.compile import compile_announced
+from titans_lm.train.compilation import compile_announced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +154,7 @@ class Decoder:
         :class:`titans_lm.train.state.ModelFns`.
       sampling: how sampled tokens are chosen (default greedy).
       log: where each compile is announced, with its time and size
-        (:func:`titans_lm.train.compile.compile_announced`; None: silent).
+        (:func:`titans_lm.train.compilation.compile_announced`; None: silent).
     """
 
     def __init__(self, model: Any, sampling: SamplingConfig = SamplingConfig(temperature=0.0),

@@ -54,7 +54,7 @@ from titans_lm.data.windows import document_windows
 from titans_lm.progress import hms, terminal_columns, timestamp
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer, DamagedCheckpointError
-from titans_lm.train.compile import Announced, compile_announced
+from titans_lm.train.compilation import Announced, compile_announced
 from titans_lm.train.diagnose import likely_cause, memory_norms
 from titans_lm.train.distributed import check_process_rows
 from titans_lm.train.max_context import with_max_context

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from titans_lm.train import compile as comp
+from titans_lm.train import compilation as comp
 
 
 def test_cache_folder_precedence(monkeypatch, tmp_path):
