@@ -22,7 +22,7 @@ machine's measured peak is the best rate any of them reached), so that load drif
 machine hits every configuration alike.
 Reported per configuration (one JSON object per line, on stdout and in ``--out``):
 
-- ``flops_per_token``: the analytic forward count (``titans_lm.bench.flops``: ``fwd_model`` the
+- ``flops_per_token``: the analytic forward count (``titans_lm.models.flops``: ``fwd_model`` the
   architecture's matmuls with causal attention, ``fwd_executed`` what this implementation computes,
   the parts, and ``train_*`` = 3x forward), and ``xla_flops_per_token`` (XLA's ``cost_analysis``
   of the compiled train step and forward, for comparison: it counts elementwise work and remat's
@@ -138,7 +138,7 @@ def setup(backbone: str, size: str, T: int, B: int, *, impl: str | None, chunk: 
           remat: str | None, dtype: str | None, modes: list[str], abstract: bool,
           variant: tuple[str, dict] = ("", {})):
     """Build and compile one configuration. Returns (row, jobs)."""
-    from titans_lm.bench.flops import count_flops
+    from titans_lm.models.flops import count_flops
     from titans_lm.train import sharding as shd
     from titans_lm.train.optimizer import make_optimizer
     from titans_lm.train.state import (abstract_state, count_params, init_state, model_fns,

@@ -14,7 +14,7 @@ XLA's per-operation events on its CPU threads are summed:
   without its numeric suffix: ``ynn_fusion`` = a YNNPACK fusion, matrix products with what XLA
   fused into them; ``dot``/``dot_general`` = matrix products; the rest elementwise fusions and
   copies).
-- ``loop_matmul_gflops``: the dual form's analytic matmul FLOPs (``titans_lm.bench.flops``:
+- ``loop_matmul_gflops``: the dual form's analytic matmul FLOPs (``titans_lm.models.flops``:
   :func:`memory_chunk_flops` x heads x chunks, x4 for the train call: forward, the remat
   recompute and a backward of twice the forward) over the loop's matrix-product time.
   The count includes the gate coefficients' products, which run outside the loop (batched over
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
 
     import compare_titans_pytorch as C
     from titans_lm.memory import MemoryConfig
-    from titans_lm.bench.flops import memory_chunk_flops
+    from titans_lm.models.flops import memory_chunk_flops
 
     mcfg = MemoryConfig(d_model=C.D_MODEL, n_heads=C.HEADS, head_dim=C.HEAD_DIM,
                         memory_depth=C.DEPTH, memory_expansion=C.EXPANSION, chunk_size=a.chunk)

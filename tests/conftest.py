@@ -13,7 +13,9 @@
   again each time. A cache hit returns the executable XLA built for the identical HLO and
   compile options, so results are unchanged. The cache is capped (LRU eviction, which also makes
   JAX lock the directory between processes) and may be deleted at any time;
-  `TITANS_LM_TEST_COMPILATION_CACHE=0` turns it off.
+  `TITANS_LM_TEST_COMPILATION_CACHE=0` turns it off. `TITANS_LM_COMPILE_CACHE` (the CLI's own
+  cache, `titans_lm.train.compilation`) names the same folder, or `off`: a test never writes to the
+  user's cache under `~/.cache`.
 - XLA:CPU's LLVM back end at -O0, and its older (non-MLIR) kernel emitters
   (`TITANS_LM_TEST_COMPILE_FLAGS`, also given to the CLI subprocesses). The suite's programs are
   tiny and run a few steps, so compiling dominates. -O0 is the LLVM code generation's level (the
@@ -43,6 +45,9 @@ if os.environ.get("TITANS_LM_TEST_COMPILATION_CACHE", "1") != "0":
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_cache))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
+    os.environ.setdefault("TITANS_LM_COMPILE_CACHE", str(_cache))
+else:
+    os.environ.setdefault("TITANS_LM_COMPILE_CACHE", "off")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

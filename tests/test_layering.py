@@ -3,7 +3,8 @@
 The layers, lowest first (a module may import from its own layer and the layers listed before
 it, never from a later one):
 
-    0  config, logs               leaves: the run config, its loader and eval-time overrides, warn-once
+    0  config, logs, progress     leaves: the run config, its loader and eval-time overrides, warn-once,
+                                  progress bars and lines
     1  nn                         layers shared by every backbone (and the sharding table, nn.axes)
     2  memory                     the test-time memory engine
     3  models                     backbones
@@ -45,6 +46,7 @@ LAYERS: dict[str, int] = {
     "titans_lm": 0,
     "titans_lm.config": 0,
     "titans_lm.logs": 0,
+    "titans_lm.progress": 0,
     "titans_lm.nn": 1,
     "titans_lm.memory": 2,
     "titans_lm.models": 3,

@@ -120,6 +120,10 @@ _EXPLAIN = flags.DEFINE_boolean(
 _FORMAT = flags.DEFINE_enum("format", "text", ["text", "md"],
                             "config --explain: plain text or Markdown (docs/config.md).")
 _VERBOSE = flags.DEFINE_boolean("verbose", False, "Print the traceback of an error too.")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache", None, "train/eval/generate: JAX's persistent compilation cache, a folder or "
+    "off (default: $TITANS_LM_COMPILE_CACHE, else $JAX_COMPILATION_CACHE_DIR, else "
+    "~/.cache/titans_lm/jax; titans_lm.train.compilation).")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "train/eval: multi-process run, host:port of process 0's "
     "coordinator (default: $JAX_COORDINATOR_ADDRESS; see titans-lm launch).")
@@ -133,12 +137,13 @@ HELP_FLAGS = ("-h", "--help", "-help", "--helpshort", "--helpfull")
 # The flags each command reads (``titans-lm <command> --help`` lists them).
 COMMAND_FLAGS = {"prepare": ("config", "verbose"),
                  "train": ("config", "workdir", "eval_after", "bad_checkpoint", "verbose",
-                           "coordinator_address", "num_processes", "process_id"),
+                           "coordinator_address", "num_processes", "process_id", "compile_cache"),
                  "eval": ("workdir", "split", "text", "step", "wikitext", "context", "by_position",
                           "ablate_at", "max_tokens", "config", "bad_checkpoint", "verbose",
-                          "coordinator_address", "num_processes", "process_id"),
+                          "coordinator_address", "num_processes", "process_id", "compile_cache"),
                  "generate": ("workdir", "prompt", "prompt_file", "max_new_tokens", "temperature",
-                              "top_k", "top_p", "seed", "max_context", "step", "verbose"),
+                              "top_k", "top_p", "seed", "max_context", "step", "verbose",
+                              "compile_cache"),
                  "config": ("config", "explain", "format"),
                  "plot": ("out", "by_position", "title", "pattern"),
                  "export": ("workdir", "out", "step", "bad_checkpoint", "verbose")}
@@ -266,7 +271,8 @@ def _train(inv: Invocation) -> int:
                      f"evaluate it")
         # A run trained with the state carried is scored both ways: its point is the carry mode.
         context = "both" if cfg.train.get("carry_state", False) else None
-        evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value, context=context)
+        evaluate(workdir, bad_checkpoint=_BAD_CHECKPOINT.value, context=context,
+                 after_training=True)
     return 0
 
 
@@ -400,6 +406,9 @@ def _report(cmd: str, argv: list[str], eval_overrides: dict[str, str]) -> int:
         return 2
     inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
     try:
+        if cmd in ("train", "eval", "generate"):  # before anything compiles
+            from titans_lm.train.compilation import use_compile_cache  # deliberate: lazy JAX
+            use_compile_cache(_COMPILE_CACHE.value, lambda m: print(m, file=sys.stderr, flush=True))
         return _MAINS[cmd](inv)
     except UsageError as e:
         print(f"titans-lm {cmd}: error: {e}\n\n{USAGE}", file=sys.stderr)

@@ -128,3 +128,15 @@ def test_results_of_other_steps_and_document_limits_are_kept(tiny_run, tmp_path)
     evaluate(workdir, step=3, wikitext=False, log=lambda m: None, progress=False)
     assert {p.name for p in workdir.glob("eval_*.json")} == expected
     assert json.loads(step3.read_text())["model"] == first["model"]  # rewritten, the same
+
+
+def test_evaluation_plan_gives_tokens_time_and_after_training_the_flag_to_skip_it(tmp_path):
+    from titans_lm.eval.evaluate import evaluation_plan, validation_rate
+    line = evaluation_plan({"books-test": 200_000, "wikitext2-test": 40_000}, 1, 400.0, True)
+    assert line.startswith("evaluating 240,000 tokens (books-test 200,000, wikitext2-test 40,000)")
+    assert "about 0:10:00 at the 400 tokens/s" in line and "--noeval_after" in line
+    both = evaluation_plan({"books-test": 1_000}, 2, None, False)
+    assert both == "evaluating 2,000 tokens (books-test 1,000 in each of 2 contexts)"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 3, "val_loss": 1.0, "val_tokens_per_sec": 50.0}\n'
+                                            '{"step": 6, "val_loss": 1.0, "val_tokens_per_sec": 80.0}\n')
+    assert validation_rate(tmp_path) == 80.0 and validation_rate(tmp_path / "none") is None

@@ -53,7 +53,9 @@ def test_greedy_generation_is_deterministic_and_timed(run, greedy_alone):
     b = _gen(workdir, "--prompt=First Citizen:", "--temperature=0", "--seed=5")
     assert a.stdout == b.stdout and a.stdout.startswith("First Citizen:")
     assert len(a.stdout) > len("First Citizen:") + 1
-    for text in ("prefill", "decode 11 steps x 1 rows", "tokens/s", "ms/step", "compile"):
+    for text in ("prefill", "decode 11 steps x 1 rows", "tokens/s", "ms/step", "compile",
+                 "compiling the prefill (1 x ", "compiled the decode step (1 x 1 token) in ",
+                 "compilation cache: "):
         assert text in a.stderr, a.stderr
     s = _gen(workdir, "--prompt=ROMEO:", "--temperature=1.0", "--top_k=20", "--top_p=0.9")
     assert s.returncode == 0 and s.stdout.startswith("ROMEO:"), s.stderr

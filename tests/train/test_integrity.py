@@ -237,7 +237,7 @@ def _run_until(args, env, target: int, sig: int) -> tuple[int, str]:
     try:
         for line in p.stderr:
             lines.append(line)
-            m = re.match(r"step (\d+)/\d+: loss", line)
+            m = re.search(r"step (\d+)/\d+: loss", line)
             if m and int(m.group(1)) >= target:
                 p.send_signal(sig)
                 break

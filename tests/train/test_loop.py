@@ -47,7 +47,12 @@ def test_resume_is_exact(tmp_path):
     recs = read_metrics(tmp_path / "b")
     assert [r["step"] for r in recs if "loss" in r] == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in recs if "val_loss" in r] == [4, 6]
-    assert {"loss", "grad_norm", "lr", "tokens", "tokens_per_sec"} <= set(recs[0])
+    assert {"loss", "grad_norm", "lr", "tokens", "tokens_per_sec", "tokens_seen", "mfu"} <= set(recs[0])
+    B, T = cfg.train.batch_size, cfg.data.seq_len
+    assert [r["tokens_seen"] for r in recs if "loss" in r] == [s * B * T for s in range(1, 7)]
+    assert all(0 < r["mfu"] for r in recs if "loss" in r)
+    assert all(r["val_tokens_per_sec"] > 0 for r in recs if "val_loss" in r)
+    assert [r["step"] for r in recs if r.get("event") == "resume"] == [3]
     assert list((tmp_path / "b" / "tb").glob("events.out.tfevents.*"))
     # already finished: a third call does nothing
     assert train(cfg, tmp_path / "b", progress=False).losses == {}

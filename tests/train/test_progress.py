@@ -10,6 +10,7 @@ import pytest
 
 from _tiny_run import tiny_config
 from titans_lm.train import loop
+from titans_lm.train.writers import read_metrics
 
 
 @pytest.mark.parametrize("cols", [0, 80])
@@ -42,8 +43,10 @@ def test_bar_shows_each_step_with_its_own_loss(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "tqdm", Recording)
     monkeypatch.setattr(loop, "_terminal_columns", lambda stream: 80)
     cfg = tiny_config(tmp_path / "cache", train__steps=4, train__ckpt_every=100,
-                      train__eval_every=100)
+                      train__eval_every=100, train__log_every=3)
     result = loop.train(cfg, tmp_path / "run", progress=True, log=lambda m: None)
+    # logged: every log_every steps, the last, and the first (a short run draws a line)
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "loss" in r] == [1, 3, 4]
     with_loss = [(n, p) for n, p in shown if p and n >= 1]
     assert {n for n, _ in with_loss} == {1, 2, 3, 4}, shown
     for n, postfix in with_loss:

@@ -1,6 +1,5 @@
 """Benchmarks and probes as code: what the programs in ``scripts/`` share.
 
-- :mod:`titans_lm.bench.flops`: analytic matmul FLOP counts per backbone (for MFU);
 - :mod:`titans_lm.bench.inputs`: random inputs and batched functions of the memory engine;
 - :mod:`titans_lm.bench.timing`: compiling with its times and memory, round-robin timing rounds
   (every configuration once per round, so load drift hits all alike), median / minimum and ratios;

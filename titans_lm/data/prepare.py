@@ -28,6 +28,7 @@ from titans_lm.data.corpora import Document
 from titans_lm.data.store import FORMAT_VERSION, TokenStore, build_token_store
 from titans_lm.data.tokenizer import Tokenizer, train_or_load_tokenizer
 from titans_lm.data.user_corpus import corpus_label, heldout_lines, load_splits, splits_of
+from titans_lm.progress import Progress
 
 Log = Callable[[str], None]
 
@@ -61,9 +62,16 @@ def resolve_cache_dir(data_cfg: ml_collections.ConfigDict) -> Path:
     return Path(data_cfg.data_dir).resolve().parent / ".cache"
 
 
-def tokenize_documents(tokenizer: Tokenizer, docs: Sequence[Document]) -> list[np.ndarray]:
-    """int32 token arrays, one per document, each beginning with BOS."""
-    return [tokenizer.encode_array(d.text, add_bos=True) for d in docs]
+def tokenize_documents(tokenizer: Tokenizer, docs: Sequence[Document],
+                       progress: Progress | None = None) -> list[np.ndarray]:
+    """int32 token arrays, one per document, each beginning with BOS (``progress`` counts the
+    documents)."""
+    out = []
+    for d in docs:
+        out.append(tokenizer.encode_array(d.text, add_bos=True))
+        if progress is not None:
+            progress.update(1)
+    return out
 
 
 def _texts_digest(docs: Sequence[Document]) -> str:
@@ -97,7 +105,9 @@ def prepare_store(tokenizer: Tokenizer, docs: Sequence[Document], *, corpus: str
             log(f"{corpus}/{split}: reusing {path} ({store.num_docs} docs, {store.num_real_tokens:,} tokens)")
         return store
     t0 = time.perf_counter()
-    tokens = tokenize_documents(tokenizer, docs)
+    with Progress(len(docs), f"{corpus}/{split}: tokenizing", "document", enabled=log is not None,
+                  log=log) as bar:
+        tokens = tokenize_documents(tokenizer, docs, bar)
     try:
         store = build_token_store(path, tokens, doc_align, vocab_size=tokenizer.vocab_size)
     except FileExistsError:  # built concurrently by another process

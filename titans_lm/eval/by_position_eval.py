@@ -38,7 +38,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
 from titans_lm.config.overrides import result_suffix
 from titans_lm.data.prepare import prepare, tokenize_documents
@@ -50,6 +49,7 @@ from titans_lm.eval.by_position import loss_by_position, plot_by_position, write
 from titans_lm.eval.evaluate import _datasets, context_modes
 from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import assign_rows, stream_batches, stream_init_fn, stream_rows
+from titans_lm.progress import Progress
 from titans_lm.train import sharding as shd
 from titans_lm.train.run_files import check_run_data
 from titans_lm.train.state import ModelFns
@@ -129,8 +129,7 @@ def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
     w_abl = None if ablate_at is None else ablation_window(ablate_at, seq_len)
     state = init_fn(params, n_rows)
     losses, positions = [], []
-    with tqdm(total=n_steps, disable=not (progress and sys.stderr.isatty()), desc=desc,
-              unit="window", leave=False, dynamic_ncols=True) as bar:
+    with Progress(n_steps, desc, "window", enabled=progress) as bar:
         for batch, window, pos in stream_position_batches(docs_tokens, seq_len=seq_len,
                                                           n_rows=n_rows):
             if w_abl is not None or baseline_of_ablation:
@@ -167,8 +166,8 @@ def reset_losses(loss_fn: Callable, params: Any, docs_tokens: Sequence[np.ndarra
         for w in range(len(tok)):
             rows.append((tok[w], seg[w], w * seq_len + np.arange(seq_len)))
     losses, positions = [], []
-    for i in tqdm(range(0, len(rows), bsz), disable=not (progress and sys.stderr.isatty()),
-                  desc=desc, unit="batch", leave=False, dynamic_ncols=True):
+    bar = Progress(-(-len(rows) // bsz), desc, "batch", enabled=progress)
+    for i in range(0, len(rows), bsz):
         chunk = rows[i:i + bsz]
         pad = bsz - len(chunk)
         tok = np.stack([r[0] for r in chunk] + [np.zeros(seq_len + 1, np.int32)] * pad)
@@ -178,6 +177,8 @@ def reset_losses(loss_fn: Callable, params: Any, docs_tokens: Sequence[np.ndarra
         w = np.asarray(w)
         losses.append(np.asarray(nll, np.float64)[w])
         positions.append(pos[w])
+        bar.update(1)
+    bar.close()
     return np.concatenate(losses or [np.zeros(0)]), np.concatenate(positions or [np.zeros(0, int)])
 
 

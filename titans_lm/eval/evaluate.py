@@ -50,7 +50,6 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from tqdm import tqdm
 
 from titans_lm.config.overrides import result_suffix
 from titans_lm.config import BOS_ID, PAD_ID
@@ -65,9 +64,12 @@ from titans_lm.eval.results import result_file_name
 from titans_lm.eval.streaming import (CONTEXT_MODES, carry_note, make_carry_step,
                                       score_documents_carry)
 from titans_lm.eval.tasks import evaluate_task, is_task_run
+from titans_lm.progress import Progress, hms
 from titans_lm.train import sharding as shd
+from titans_lm.train.compilation import Announced
 from titans_lm.train.run_files import check_run_data
 from titans_lm.train.state import ModelFns, count_params
+from titans_lm.train.writers import read_metrics
 
 Log = Callable[[str], None]
 WIKITEXT_CORPUS = "wikitext-2"
@@ -117,9 +119,7 @@ def score_documents(score_fn: Callable, params: Any, docs_tokens: Sequence[np.nd
     bsz = -(-batch_size // mult) * mult
     n_rows = sum(-(-(len(t) - 1) // seq_len) for t in docs_tokens if len(t) > 1)
     nll, n_tok = 0.0, 0
-    with tqdm(total=-(-n_rows // bsz), disable=not (progress and sys.stderr.isatty()), desc=desc,
-              unit="batch",
-              leave=False, dynamic_ncols=True) as bar:
+    with Progress(-(-n_rows // bsz), desc, "batch", enabled=progress) as bar:
         for batch in eval_batches(docs_tokens, seq_len=seq_len, batch_size=bsz, pad_last_batch=True):
             a, c = score_fn(params, shd.put_global_batch(batch, mesh))
             nll += float(a)
@@ -127,6 +127,30 @@ def score_documents(score_fn: Callable, params: Any, docs_tokens: Sequence[np.nd
             bar.update(1)
     counts = text_totals(texts)
     return PerplexityTotals(nll, n_tok, counts.n_words, counts.n_bytes)
+
+
+def validation_rate(workdir: str | Path) -> float | None:
+    """The run's last measured validation speed in tokens/s (``val_tokens_per_sec`` of its
+    ``metrics.jsonl``), or None."""
+    rates = [r["val_tokens_per_sec"] for r in read_metrics(workdir)
+             if isinstance(r.get("val_tokens_per_sec"), (int, float))]
+    return float(rates[-1]) if rates else None
+
+
+def evaluation_plan(tokens: dict[str, int], n_modes: int, rate: float | None,
+                    after_training: bool) -> str:
+    """One line before an evaluation: the tokens of each set, the time the run's validation
+    speed ``rate`` (tokens/s; None: unknown) predicts, and, after training, how to skip it."""
+    total = sum(tokens.values()) * n_modes
+    sets = ", ".join(f"{n} {t:,}" for n, t in tokens.items())
+    est = (f"; about {hms(total / rate)} at the {rate:,.0f} tokens/s of training's validation "
+           f"(plus compiling)" if rate else "")
+    each = f" in each of {n_modes} contexts" if n_modes > 1 else ""
+    line = f"evaluating {total:,} tokens ({sets}{each}){est}"
+    if after_training:
+        line += ("; --noeval_after skips this evaluation after training (`titans-lm eval` runs "
+                 "it later), --config.eval.max_docs=N scores only N documents of each set")
+    return line
 
 
 def context_modes(context: str) -> tuple[str, ...]:
@@ -157,7 +181,8 @@ def _datasets(cfg, split: str, text_file: str | None, wikitext: bool):
 def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = None,
              step: int | None = None, *, wikitext: bool = True, context: str | None = None,
              log: Log = print, progress: bool = True, overrides: dict[str, str] | None = None,
-             bad_checkpoint: str = "fallback") -> dict[str, dict[str, Any]]:
+             bad_checkpoint: str = "fallback", after_training: bool = False
+             ) -> dict[str, dict[str, Any]]:
     """Score a trained run on held-out text.
 
     Args:
@@ -174,6 +199,8 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
         (:func:`titans_lm.config.overrides.apply_eval_overrides`).
       log: message sink. progress: show progress bars.
       bad_checkpoint: "fallback" or "refuse" (:func:`titans_lm.eval.restore.load_run`).
+      after_training: the evaluation ``titans-lm train`` runs when training ends (its plan line
+        names the flag that skips it).
 
     Returns:
       name -> result dict (``model`` and ``unigram`` totals and metrics, ``modes``: per context
@@ -209,20 +236,29 @@ def evaluate(workdir: str | Path, split: str = "test", text_file: str | None = N
     tokenizer = prepared.tokenizer
 
     n_params = count_params(fns)
-    score_fn = make_score_fn(fns, params_sh, mesh) if "reset" in modes else None
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else None
+    score_fn = (Announced(make_score_fn(fns, params_sh, mesh), "eval step", say)
+                if "reset" in modes else None)
     carry_fns = make_carry_step(fns) if "carry" in modes else None
+    if carry_fns is not None:
+        carry_fns = (carry_fns[0], Announced(carry_fns[1], "carry eval step", say))
     log_probs = unigram_log_probs(prepared.stores["train"].tokens, cfg.model.vocab_size)
     seq_len = int(cfg.data.seq_len)
     max_docs = int(cfg.eval.get("max_docs", 0) or 0)
     context_name = "both" if len(modes) > 1 else modes[0]
+    limits = {n: (max_docs if 0 < max_docs < len(docs) else 0) for n, _, _, docs in datasets}
+    datasets = [(n, c, s, docs[:limits[n]] if limits[n] else docs) for n, c, s, docs in datasets]
+    tokens_of = {n: tokenize_documents(tokenizer, docs) for n, _, _, docs in datasets}
+    if progress:
+        print(evaluation_plan({n: sum(len(t) - 1 for t in toks) for n, toks in tokens_of.items()},
+                              len(modes), validation_rate(workdir), after_training),
+              file=sys.stderr, flush=True)
     results: dict[str, dict[str, Any]] = {}
     for name, corpus, split_name, docs in datasets:
+        limit = limits[name]  # the key of a partial evaluation
         name += suffix
-        limit = max_docs if 0 < max_docs < len(docs) else 0  # the key of a partial evaluation
-        if limit:
-            docs = docs[:limit]
         texts = [d.text for d in docs]
-        toks = tokenize_documents(tokenizer, docs)
+        toks = tokens_of.pop(name.removesuffix(suffix))
         if progress:
             print(f"scoring {name}: {len(docs)} document(s), {sum(len(t) - 1 for t in toks):,} "
                   f"tokens in windows of {seq_len}, context {'+'.join(modes)}", file=sys.stderr,

@@ -28,18 +28,17 @@ the memory.
 from __future__ import annotations
 
 import heapq
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from titans_lm.config import PAD_ID
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
 from titans_lm.data.windows import document_windows, num_windows
 from titans_lm.models.lm import continued
+from titans_lm.progress import Progress
 from titans_lm.train import sharding as shd
 from titans_lm.train.state import ModelFns
 
@@ -162,8 +161,7 @@ def score_documents_carry(init_fn: Callable, step_fn: Callable, params: Any,
     _, n_steps = assign_rows([num_windows(len(t), seq_len) for t in docs_tokens], n_rows)
     state = init_fn(params, n_rows)
     nll, n_tok = 0.0, 0
-    with tqdm(total=n_steps, disable=not (progress and sys.stderr.isatty()), desc=desc,
-              unit="window", leave=False, dynamic_ncols=True) as bar:
+    with Progress(n_steps, desc, "window", enabled=progress) as bar:
         for batch in stream_batches(docs_tokens, seq_len=seq_len, n_rows=n_rows):
             a, c, state = step_fn(params, state, shd.put_global_batch(batch, mesh))
             nll += float(a)

@@ -35,6 +35,7 @@ import numpy as np
 from titans_lm.config import BOS_ID
 from titans_lm.generate.sampling import SamplingConfig, sample_logits
 from titans_lm.models.lm import continued
+from titans_lm.train.compilation import compile_announced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,10 +153,14 @@ class Decoder:
       model: the model's stateful API over parameters (see :func:`make_decode_fns`), e.g. its
         :class:`titans_lm.train.state.ModelFns`.
       sampling: how sampled tokens are chosen (default greedy).
+      log: where each compile is announced, with its time and size
+        (:func:`titans_lm.train.compilation.compile_announced`; None: silent).
     """
 
-    def __init__(self, model: Any, sampling: SamplingConfig = SamplingConfig(temperature=0.0)):
+    def __init__(self, model: Any, sampling: SamplingConfig = SamplingConfig(temperature=0.0),
+                 log: Callable[[str], None] | None = None):
         self.sampling = sampling
+        self.log = log
         self._prefill_fn, self._decode_fn = make_decode_fns(model, sampling)
         self._prefill_jit = jax.jit(self._prefill_fn, static_argnums=4)
         self._decode_jit = jax.jit(self._decode_fn, donate_argnums=1)
@@ -166,14 +171,16 @@ class Decoder:
         B, L = prompt_BL.shape
         kp, kd = ("prefill", B, L, l_min), ("decode", B, L)
         if kp not in self._cache:
-            self._cache[kp] = self._prefill_jit.lower(params, prompt_BL, lengths_B, base_keys_B,
-                                                      l_min).compile()
+            self._cache[kp] = compile_announced(
+                self._prefill_jit, params, prompt_BL, lengths_B, base_keys_B, l_min,
+                what=f"prefill ({B} x {l_min} tokens)", log=self.log)
         if kd not in self._cache:
             state = jax.eval_shape(functools.partial(self._prefill_fn, l_min=l_min), params,
                                    prompt_BL, lengths_B, base_keys_B)[2]
-            self._cache[kd] = self._decode_jit.lower(
-                params, state, jnp.zeros((B,), jnp.int32), jnp.int32(0), prompt_BL, lengths_B,
-                base_keys_B).compile()
+            self._cache[kd] = compile_announced(
+                self._decode_jit, params, state, jnp.zeros((B,), jnp.int32), jnp.int32(0),
+                prompt_BL, lengths_B, base_keys_B, what=f"decode step ({B} x 1 token)",
+                log=self.log)
         return self._cache[kp], self._cache[kd]
 
 

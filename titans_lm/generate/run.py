@@ -38,6 +38,7 @@ from titans_lm.data.tokenizer import Tokenizer, train_or_load_tokenizer
 from titans_lm.eval.restore import load_run
 from titans_lm.generate.decode import Decoder, Generation, generate
 from titans_lm.generate.sampling import SamplingConfig
+from titans_lm.progress import Progress
 
 
 class TokenizerMissingError(ValueError):
@@ -174,19 +175,29 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
                   f"{bound} tokens)", file=err)
     streams = [TextStream(tokenizer, x) for x in ids]
     single = len(prompts) == 1
+    lengths = [len(x) for x in ids]
+    # One prompt's text streams as it is produced; several are printed at the end, so until
+    # then a bar (terminal) or timestamped lines on err show the decode's progress.
+    bar = Progress(max(lengths) - min(lengths) + int(max_new_tokens),
+                   f"generating {len(prompts)} x {max_new_tokens} tokens", "step", stream=err,
+                   enabled=not single)
 
     def on_tokens(tokens_B: np.ndarray, is_new_B: np.ndarray) -> None:
+        if single and bar.n == 0:  # the prompt, once compiling (announced on err) is done
+            out.write(prompts[0])
+        bar.update(1)
         for r in np.nonzero(is_new_B)[0]:
             piece = streams[r].push(int(tokens_B[r]))
             if single and piece:
                 out.write(piece)
                 out.flush()
 
-    if single:
-        out.write(prompts[0])
-        out.flush()
-    gen = generate(Decoder(run.fns, sampling), run.params, ids,
-                   max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens)
+    log = lambda msg: print(msg, file=err, flush=True)  # noqa: E731
+    try:
+        gen = generate(Decoder(run.fns, sampling, log=log), run.params, ids,
+                       max_new_tokens=max_new_tokens, seed=seed, on_tokens=on_tokens)
+    finally:
+        bar.close()
     texts = [s.text() for s in streams]
     if single:
         rest = texts[0][streams[0].printed:]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import signal
 import sys
 import threading
@@ -52,11 +51,14 @@ from titans_lm.data.prepare import prepare
 from titans_lm.data.stream_pipeline import StreamIterator
 from titans_lm.data.tasks import TaskData
 from titans_lm.data.windows import document_windows
+from titans_lm.progress import hms, terminal_columns, timestamp
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer, DamagedCheckpointError
+from titans_lm.train.compilation import Announced, compile_announced
 from titans_lm.train.diagnose import likely_cause, memory_norms
 from titans_lm.train.distributed import check_process_rows
 from titans_lm.train.max_context import with_max_context
+from titans_lm.train.mfu import peak_flops, train_step_flops
 from titans_lm.train.optimizer import make_optimizer, schedule_warnings
 from titans_lm.train.run_files import check_run_data, write_run_config, write_run_data
 from titans_lm.train.state import (NO_CARRY, Carry, abstract_state, count_params, init_state,
@@ -194,17 +196,8 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def _hms(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def _terminal_columns(stream) -> int:
-    """The width of the terminal ``stream`` writes to; 0 when it is not a terminal (or has none)."""
-    try:
-        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 0
-    except (OSError, ValueError, AttributeError):
-        return 0
+_terminal_columns = terminal_columns  # (the loop looks it up here, so tests can replace it)
+LINE_EVERY_S = 30.0  # without a bar: a progress line at least this often (and every log_every steps)
 
 
 def _default_log(msg: str) -> None:
@@ -360,10 +353,10 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
     batch_spec = {k: jax.ShapeDtypeStruct((tcfg.batch_size, T + 1), np.int32,
                                           sharding=shd.batch_sharding(mesh))
                   for k in ("tokens", "segment_ids") + (("loss_mask",) if cfg.data.get("task") else ())}
-    t0 = time.perf_counter()
-    compiled = step_fn.lower(state, batch_spec).compile()
-    log(f"train step compiled in {time.perf_counter() - t0:.1f}s")
-    eval_fn = jit_eval_step(fns, state_sh.params, mesh)
+    compiled = compile_announced(step_fn, state, batch_spec, log=log,
+                                 what=f"train step ({tcfg.batch_size} x {T} tokens)")
+    eval_fn = Announced(jit_eval_step(fns, state_sh.params, mesh),
+                        f"validation step ({cfg.eval.batch_size} x {T} tokens)", log)
     if cfg.data.get("task"):
         val = data.validation_batches(seq_len=T, batch_size=cfg.eval.batch_size,
                                       n_batches=tcfg.eval_batches, seed=cfg.data.shuffle_seed,
@@ -373,14 +366,21 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                                  batch_size=cfg.eval.batch_size, n_batches=tcfg.eval_batches,
                                  multiple=shd.batch_divisor(mesh))
 
-    writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0)
-    # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one plain line
-    # every log_every steps.
+    writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0,
+                          config=cfg.to_dict())
+    # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one timestamped
+    # line every log_every steps (and the first, and at least every LINE_EVERY_S seconds).
     use_bar = progress and _terminal_columns(sys.stderr) > 0
     bar = tqdm(total=tcfg.steps, initial=start, disable=not use_bar, dynamic_ncols=True,
                mininterval=1.0, unit="step")
     t_start = time.perf_counter()
     tokens_per_step = tcfg.batch_size * T
+    step_flops = train_step_flops(cfg.model, T, tcfg.batch_size)
+    peak, peak_source = peak_flops(mesh, tcfg.compute_dtype) if step_flops else (0.0, "")
+    if step_flops:
+        log(f"MFU: {step_flops / 1e9:,.3g} model GFLOP a step against a peak of "
+            f"{peak / 1e12:,.3g} TFLOP/s ({peak_source})")
+    last_line = {"t": time.perf_counter()}
     last_saved = start if ckpt.latest_step() == start else None
     pending: list = []  # [(step, device metrics)] not yet read back
     peak_memory_norm: dict[int, float] = {}  # the largest memory_norm_i so far (the NaN message)
@@ -404,24 +404,38 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
             tps = tokens_per_step / max(now - clock["t"], 1e-9)
             clock["t"] = now
             result.losses[s] = m["loss"]
+            extra = {"tokens_per_sec": tps, "tokens_seen": float(s * tokens_per_step)}
+            if step_flops:
+                extra["mfu"] = step_flops * tps / tokens_per_step / peak
             # The postfix first: update() redraws, and the bar must show step s with s's loss.
             bar.set_postfix(loss=f"{m['loss']:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
             bar.update(1)
-            if s % tcfg.log_every == 0 or s == end:
-                writer.write(s, {**m, "tokens_per_sec": tps}, "train")
-            if progress and not use_bar and (s % tcfg.log_every == 0 or s == end or s == start + 1):
+            due = s % tcfg.log_every == 0 or s == end or s == start + 1
+            if due:
+                writer.write(s, {**m, **extra}, "train")
+            if progress and not use_bar and (due or now - last_line["t"] >= LINE_EVERY_S):
+                last_line["t"] = now
                 rate = (now - t_start) / max(s - start, 1)
-                log(f"step {s}/{tcfg.steps}: loss {m['loss']:.4f}, {tps:,.0f} tokens/s, "
-                    f"lr {m['lr']:.3g}, ETA {_hms(rate * (tcfg.steps - s))}")
+                mfu = f", MFU {extra['mfu']:.1%}" if "mfu" in extra else ""
+                log(f"{timestamp()} step {s}/{tcfg.steps}: loss {m['loss']:.4f}, "
+                    f"{tps:,.0f} tokens/s{mfu}, lr {m['lr']:.3g}, "
+                    f"{s * tokens_per_step:,} tokens seen, ETA {hms(rate * (tcfg.steps - s))}")
 
     def validate_now(s: int) -> None:
         nll, n = 0.0, 0.0
-        for b in val:
+        t_first = time.perf_counter()
+        for i, b in enumerate(val):  # the first call compiles the step (announced)
             a, c = eval_fn(state.params, shd.put_global_batch(b, mesh))
             nll, n = nll + float(a), n + float(c)
+            if i == 0:
+                t_first = time.perf_counter()
         loss = nll / max(n, 1.0)
         result.val_losses[s] = loss
-        writer.write(s, {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))}, "val")
+        sec = time.perf_counter() - t_first
+        rec = {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))}
+        if sec > 0 and len(val) > 1:  # the windows of the batches after the first, per second
+            rec["val_tokens_per_sec"] = (len(val) - 1) * len(val[0]["tokens"]) * T / sec
+        writer.write(s, rec, "val")
         log(f"step {s}: validation loss {loss:.4f} (ppl {math.exp(min(loss, 700.0)):.2f}) "
             f"on {int(n):,} tokens")
 

@@ -3,7 +3,8 @@
 Reads each run's ``<workdir>/metrics.jsonl`` (``titans_lm.train.writers``) and draws, with
 matplotlib (the non-interactive Agg backend: no display needed), two panels over the step:
 train loss (solid line) and validation loss (dots joined by a dashed line) in nats per token,
-and train throughput in tokens per second. Each run is one colour, labelled by its workdir name.
+and train throughput in tokens per second. Each run is one colour, labelled by its workdir name;
+a dotted vertical line of its colour marks each step it resumed from (its ``resume`` records).
 
 The drawing helpers every figure of the package uses live here too (:func:`pyplot`,
 :func:`save_figure`, :func:`heat_map`): the evaluation's plots and the benchmarks' heat maps
@@ -86,6 +87,11 @@ def run_curves(workdir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted(v.items()) for k, v in curves.items()}
 
 
+def resume_steps(workdir: str | Path) -> list[int]:
+    """The steps a run resumed from (its ``{"event": "resume"}`` records), in order."""
+    return sorted({int(r["step"]) for r in read_metrics(workdir) if r.get("event") == "resume"})
+
+
 def plot_runs(workdirs: Sequence[str | Path], out: str | Path) -> Path:
     """Draw the runs' curves into the PNG ``out`` (parent folders created); returns its path.
 
@@ -105,6 +111,10 @@ def plot_runs(workdirs: Sequence[str | Path], out: str | Path) -> Path:
                          label=f"{label} validation")
         if c["tokens_per_sec"]:
             ax_tps.plot(*zip(*c["tokens_per_sec"]), color=color, lw=1, label=label)
+        for j, s in enumerate(resume_steps(w)):
+            for ax in (ax_loss, ax_tps):
+                ax.axvline(s, color=color, ls=":", lw=1,
+                           label=f"{label} resumed" if j == 0 and ax is ax_loss else None)
     ax_loss.set(xlabel="step", ylabel="loss (nats / token)", title="loss")
     ax_tps.set(xlabel="step", ylabel="tokens / s", title="train throughput")
     for ax in (ax_loss, ax_tps):

@@ -12,8 +12,8 @@ from titans_lm.config import load
 from titans_lm.memory import MLPMemory, memory_scan
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.models import build_model
-from titans_lm.bench.flops import (count_flops, jaxpr_matmul_flops, memory_chunk_flops,
-                                  traced_forward_flops)
+from titans_lm.models.flops import (count_flops, jaxpr_matmul_flops, memory_chunk_flops,
+                                   traced_forward_flops)
 
 
 def small_config(name, persistent=False, **memory):

@@ -17,7 +17,7 @@ Two counts per sequence of T tokens (:class:`FlopCount`):
   (``jax.nn.dot_product_attention``'s XLA path on CPU), or, for a sliding window W with T a
   multiple of W and T >= 2W, bands of W queries over [persistent || 2W] keys (:func:`banded`), the memory pads the sequence to whole
   chunks, MAC computes the W0 retrieval of every token and the attention over
-  [persistent || retrieved || segment] densely. ``tests/bench/test_flops.py`` checks this count
+  [persistent || retrieved || segment] densely. ``tests/models/test_flops.py`` checks this count
   exactly against the ``dot_general`` FLOPs of the traced forward (:func:`jaxpr_matmul_flops`)
   for backbones without persistent tokens; the persistent pass of ``LanguageModel.init_state``
   (which also keeps its end state) and MAC's carried segment loop add bookkeeping matmuls that
