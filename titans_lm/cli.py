@@ -253,8 +253,15 @@ def _prepare(inv: Invocation) -> int:
     return 0
 
 
+def _compile_cache() -> None:
+    """JAX's persistent compilation cache (--compile_cache), before anything compiles."""
+    from titans_lm.train.compilation import use_compile_cache  # deliberate: lazy JAX
+    use_compile_cache(_COMPILE_CACHE.value, lambda m: print(m, file=sys.stderr, flush=True))
+
+
 def _train(inv: Invocation) -> int:
     cfg = _load_config()  # a config error stops here, before JAX loads
+    _compile_cache()
     from titans_lm.train import distributed  # deliberate: lazy JAX
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from titans_lm.train.loop import train  # deliberate: lazy JAX
@@ -277,6 +284,7 @@ def _train(inv: Invocation) -> int:
 
 
 def _eval(inv: Invocation) -> int:
+    _compile_cache()
     from titans_lm.train import distributed  # deliberate: lazy JAX
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from titans_lm.eval.evaluate import evaluate  # deliberate: lazy JAX
@@ -304,6 +312,7 @@ def _generate(inv: Invocation) -> int:
     from titans_lm.generate.sampling import SamplingConfig  # deliberate: lazy JAX
     if _WORKDIR.value is None:
         raise UsageError("--workdir is required (the directory of a trained run)")
+    _compile_cache()
     prompts = read_prompts(_PROMPT.value, _PROMPT_FILE.value)
     sampling = SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
     inv.phase = "generation"
@@ -406,9 +415,6 @@ def _report(cmd: str, argv: list[str], eval_overrides: dict[str, str]) -> int:
         return 2
     inv = Invocation(argv=list(argv), eval_overrides=dict(eval_overrides))
     try:
-        if cmd in ("train", "eval", "generate"):  # before anything compiles
-            from titans_lm.train.compilation import use_compile_cache  # deliberate: lazy JAX
-            use_compile_cache(_COMPILE_CACHE.value, lambda m: print(m, file=sys.stderr, flush=True))
         return _MAINS[cmd](inv)
     except UsageError as e:
         print(f"titans-lm {cmd}: error: {e}\n\n{USAGE}", file=sys.stderr)
