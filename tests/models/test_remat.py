@@ -53,7 +53,7 @@ def test_every_policy_matches_no_remat(name, remat):
 def test_unknown_policy_names_the_valid_ones():
     with pytest.raises(ValueError, match="model remat must be one of .*'minimal'"):
         check_remat("everything")
-    with pytest.raises(ValueError, match="model remat"):
+    with pytest.raises(ValueError, match="model.remat: must be .*'minimal'"):
         build(small_model_cfg("lmm", remat="everything"))
 
 

@@ -114,10 +114,11 @@ def test_eval_ignores_damaged_optimizer_state_and_falls_back_on_damaged_paramete
     with contextlib.redirect_stderr(err):
         res = evaluate(workdir, **kw)
     assert next(iter(res.values()))["step"] == 6
-    lines = err.getvalue().splitlines()
-    assert (f"checkpoint step 6: {grel} (optimizer state) is truncated (0 of "
-            in lines[0]) and lines[0].endswith(
-        "not needed here, so step 6 is used (training could not resume from it)")
+    # (orbax may log its own warnings around it, depending on the absl verbosity others left)
+    line = next(x for x in err.getvalue().splitlines() if x.startswith("checkpoint step 6: "))
+    assert (f"checkpoint step 6: {grel} (optimizer state) is truncated (0 of " in line
+            and line.endswith("not needed here, so step 6 is used (training could not resume "
+                              "from it)"))
     f, rel = _file(workdir, 6, "params.")
     f.write_bytes(b"x")
     err = io.StringIO()

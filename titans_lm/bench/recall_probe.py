@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         try:
             recs = probe_run(wd, length=args.length, pairs=args.pairs, rows=args.rows,
                              min_distance=args.min_distance, init=args.init)
-        except (ValueError, CheckpointError) as e:
+        except (ValueError, OSError, CheckpointError) as e:
             print(f"recall_probe: {e}", file=sys.stderr)
             return 2
         for r in recs:

@@ -43,7 +43,10 @@ for each vector parameter of width d (the LayerNorm scale and shift of TTT's inn
 C @ signals in the read (2 b^2 d) and two [b] @ [b, d] rows for the chunk end (4 b d); and the
 gate coefficients (``titans_lm.memory.coefficients``): from alpha, two segment-product prefix
 sums (tri @ log g, tri @ zeros: 8 b^2), A = D @ E0 (2 b^2) and C = D @ E (2 b^3); from the
-log form log(1 - alpha) that the layer passes, 6 b^2 + 4 b^3 in all.
+log form log(1 - alpha) that the layer passes, 6 b^2 + 4 b^3 in all; plus the reset-target row
+R = D (keep * reset) (2 b^2) where the resets are not known before tracing (the layer's). A chunk
+in which a document starts inside it costs more (another gradient pass at the reset target and
+one more read matmul per weight: docs/design.md#resets-inside-a-chunk); not counted here.
 
 So per token and head the dual form costs about 10 sum(d_in d_out) + 2 b (sum d_in + d_out) +
 2 b^2: linear in d_in d_out like a projection, plus terms that grow with the chunk size (at b =
@@ -125,11 +128,13 @@ def _inner_shapes(mcfg: MemoryConfig):
 
 
 def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | None = None,
-                       log_keep: bool = True) -> float:
+                       log_keep: bool = True, traced_resets: bool = True) -> float:
     """Matmul FLOPs of one head's chunk of b tokens in the dual form (module docstring).
 
     ``log_keep``: the forget gate reaches the engine as log(1 - alpha), as the NeuralMemory layer
-    passes it (its segment products cost 6 b^2 + 4 b^3 against 10 b^2 + 2 b^3 from alpha)."""
+    passes it (its segment products cost 6 b^2 + 4 b^3 against 10 b^2 + 2 b^3 from alpha).
+    ``traced_resets``: the document starts are traced (the layer's), so the coefficients include
+    the reset-target row R (2 b^2)."""
     b = b or mcfg.chunk_size
     read = read or mcfg.read
     mats, vecs = _inner_shapes(mcfg)
@@ -144,6 +149,8 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
     for d in vecs:
         f += (2 * b * b * d if read == "after_write" else 0) + 4 * b * d
     f += (6 * b * b + 4 * b ** 3) if log_keep else (8 * b * b + 2 * b * b + 2 * b ** 3)  # coefficients
+    if traced_resets:
+        f += 2 * b * b                                    # R = D (keep * reset)
     return f
 
 
@@ -331,8 +338,9 @@ def _sub_jaxprs(eqn):
 
 def jaxpr_matmul_flops(jaxpr) -> float:
     """Sum of the ``dot_general`` FLOPs of a (closed) jaxpr, through scans (times their length),
-    jit, remat and custom-derivative calls (their primal only); a ``cond`` counts its largest
-    branch.
+    jit, remat and custom-derivative calls (their primal only); a ``cond`` counts its smallest
+    branch (the model's conds are the memory's: they skip the work of document starts inside a
+    chunk where none occurs, and the count is that of such a batch).
 
     Raises:
       ValueError: for a ``while`` loop (unknown trip count).
@@ -346,7 +354,7 @@ def jaxpr_matmul_flops(jaxpr) -> float:
         elif prim == "while":
             raise ValueError("jaxpr_matmul_flops cannot count a while loop")
         elif prim == "cond":
-            total += max(jaxpr_matmul_flops(b) for b in eqn.params["branches"])
+            total += min(jaxpr_matmul_flops(b) for b in eqn.params["branches"])
         elif prim == "scan":
             total += eqn.params["length"] * jaxpr_matmul_flops(eqn.params["jaxpr"])
         else:
