@@ -47,6 +47,8 @@ def test_an_export_reproduces_the_evaluation_logits_and_samples(exported):
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "data.json", "export.json", "model.safetensors", "tokenizer.model"]
     assert json.loads((out / "export.json").read_text())["step"] == 6
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes   # the weights as readable as the rest
     kw = dict(wikitext=False, log=lambda m: None, progress=False)
     (a,), (b,) = evaluate(run, **kw).values(), evaluate(out, **kw).values()
     assert b["model"] == a["model"] and b["step"] == 6 and b["n_docs"] == a["n_docs"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,6 +100,7 @@ def write_export(out: str | Path, *, params: Any, cfg: ml_collections.ConfigDict
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(tensors, str(tmp / PARAMS_FILE), metadata={"format": FORMAT, "step": str(step)})
+    _as_created(tmp / PARAMS_FILE)   # safetensors writes 0600; the other files follow the umask
     (tmp / CONFIG_FILE).write_text(config_json(cfg))
     (tmp / TOKENIZER_FILE).write_bytes(bytes(tokenizer_model))
     if data_record is not None:
@@ -186,3 +188,10 @@ def read_params(path: str | Path, abstract: Any) -> Any:
 __all__ = ["CONFIG_FILE", "DATA_FILE", "EXPORT_FILE", "ExportError", "FORMAT", "PARAMS_FILE",
            "TOKENIZER_FILE", "flat_params", "is_export", "param_name", "read_config", "read_meta",
            "read_params", "write_export"]
+
+
+def _as_created(path: Path) -> None:
+    """Give ``path`` the permissions a newly created file gets (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
