@@ -1,6 +1,6 @@
-"""``titans-lm generate`` and ``titans-lm eval --context`` through the command line, on the tiny
-Transformer++ run of ``_tiny_run`` (trained once for the module, on a private copy of the data so
-that the tokenizer's source can be taken away)."""
+"""``titans-lm generate`` and ``titans-lm eval --context`` through the command line (in process),
+on the tiny Transformer++ run of ``_tiny_run`` (trained once for the module, on a private copy of
+the data so that the tokenizer's source can be taken away)."""
 
 import json
 import shutil
@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def run_cli(args):
-    """``python -m titans_lm.cli <args>`` on one CPU device (the suite's compilation cache)."""
-    return _tiny_run.run_cli(args, timeout=300)
+    """``titans_lm.cli.main`` with ``args``, in this process (``_tiny_run.call_cli``)."""
+    return _tiny_run.call_cli(args)
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ class GenerateResult:
 def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens: int = 100,
                   sampling: SamplingConfig = SamplingConfig(), seed: int = 0,
                   max_context: int | None = None, step: int | None = None,
-                  out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> GenerateResult:
+                  out: TextIO | None = None, err: TextIO | None = None) -> GenerateResult:
     """Generate a continuation of each prompt with the run in ``workdir`` (module docstring).
 
     Args:
@@ -143,7 +143,8 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
       max_new_tokens: tokens to sample per prompt. sampling: temperature / top-k / top-p.
       seed: PRNG seed. max_context: Transformer++'s KV cache (default data.seq_len).
       step: the checkpoint to load (default the newest).
-      out: where the text goes. err: where the timings go.
+      out: where the text goes (default: sys.stdout at the call). err: where the timings go
+        (default: sys.stderr at the call).
 
     Returns:
       The continuations (text) and the :class:`Generation` (tokens and timings).
@@ -152,6 +153,8 @@ def generate_text(workdir: str | Path, prompts: Sequence[str], *, max_new_tokens
       CheckpointError: no usable checkpoint. TokenizerMissingError: see :func:`run_tokenizer`.
       ValueError: an empty prompt, a prompt longer than a bounded context, a bad setting.
     """
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     if int(max_new_tokens) < 1:
         raise ValueError(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
     for p in prompts:
