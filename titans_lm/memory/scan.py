@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titans_lm.memory.chunked import starts_inside_chunks
 from titans_lm.memory.inner_models import InnerModel, resolve_model
 from titans_lm.nn.segments import is_concrete
 
@@ -267,8 +268,8 @@ def _inside_starts(given: bool, reset, chunk_size: int):
         return False
     if not is_concrete(reset):
         return None
-    r = np.asarray(reset)
-    return bool(np.any(r & (np.arange(r.shape[-1]) % chunk_size != 0)))
+    with jax.ensure_compile_time_eval():   # concrete even under an outer trace
+        return bool(starts_inside_chunks(jnp.asarray(reset), chunk_size))
 
 
 def _is_array(value) -> bool:

@@ -41,7 +41,6 @@ from titans_lm.memory.inner_models import InnerModel
 from titans_lm.memory.pallas.chunk import (GATE_ROWS, ROW_ETA, ROW_LOG_KEEP, ROW_READ_SCALE,
                                            ROW_RESET, ROW_THETA)
 from titans_lm.memory.pallas.plan import KernelPlan, log_fallback, make_plan, resolve_backend
-from titans_lm.nn.segments import is_concrete
 
 
 def _forward_fn(plan: KernelPlan):
@@ -219,11 +218,11 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
       inside_starts: bool scalar, whether any document starts inside a chunk
         (:func:`~titans_lm.memory.chunked.starts_inside_chunks`). The kernel resets only at chunk
         starts; where this is true the call runs ``chunked`` instead, exact either way: a Python
-        bool picks one, a traced scalar picks at run time (``lax.cond``). None: from ``reset``
-        when it is concrete; for traced resets both run and each row selects its result (a
-        flag computed from a ``reset`` batched by vmap would turn a cond into that select
-        anyway), so the layer computes one flag for the whole batch and passes it unbatched
-        (``NeuralMemory.scan``).
+        bool picks one (``memory_scan`` derives it where the resets are absent or concrete), a
+        traced scalar picks at run time (``lax.cond``). None: both run and each row selects its
+        result (a flag computed from a ``reset`` batched by vmap would turn a cond into that
+        select anyway), so the layer computes one flag for the whole batch and passes it
+        unbatched (``NeuralMemory.scan``).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -251,9 +250,6 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             chunks_per_checkpoint=chunks_per_checkpoint,
                             running_mean=running_mean, log_keep=log_keep,
                             inside_starts=inside_starts)
-    if inside_starts is None and is_concrete(reset):
-        r = np.asarray(reset)
-        inside_starts = bool(np.any(r & (np.arange(r.shape[-1]) % chunk_size != 0)))
 
     def exact_chunked(operands):
         p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
