@@ -232,8 +232,7 @@ def end_rows(coef: ChunkCoefficients, n_valid=None) -> EndRows:
 
 def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v, q,
                                  coef: ChunkCoefficients, ends: EndRows, *, read: str = "after_write",
-                                 surprise_max_norm: float = 0.0, reset_to: Params | None = None,
-                                 after=None, reset_factors: GradientFactors | None = None):
+                                 surprise_max_norm: float = 0.0):
     """The state-dependent part of :func:`chunk_step`, given the chunk's gate coefficients.
 
     The coefficients depend on the gates only, so a scan can compute them for every chunk at once
@@ -244,29 +243,17 @@ def chunk_step_from_coefficients(model: InnerModel, P0: Params, S0: Params, k, v
     ``surprise_max_norm > 0`` clips each token's gradient at P0 to that norm
     (:func:`surprise_scale`; the guard ``MemoryConfig.surprise_max_norm``).
 
-    Documents starting inside the chunk (coefficients with ``R``, from
-    ``chunk_coefficients(..., reset=)``): ``reset_to`` is the target R0 and ``after`` ([b] bool,
-    :func:`after_start`) marks the tokens whose gradients are taken at R0 (``reset_factors``:
-    :func:`gradient_factors` at R0 of the chunk's k, v, computed here when None); a
-    "chunk_start" read of such a token reads f(q; R0).
-
     Returns:
       (reads [b, d_v], P_end, S_end).
     """
     factors = gradient_factors(model, P0, k, v)
-    if coef.R is not None:
-        if reset_factors is None:
-            reset_factors = gradient_factors(model, reset_to, k, v)
-        factors = select_factors(after, factors, reset_factors)
     outer = model.outer_params()
     coef, ends = clip_surprise(factors, surprise_max_norm, coef, ends)
     if read == "after_write":
-        reads = model.forward(_DualReadAccess(P0, S0, factors, coef, outer, reset_to), q)
+        reads = model.forward(_DualReadAccess(P0, S0, factors, coef, outer), q)
     else:
         reads = model.forward(PlainAccess(P0), q)
-        if coef.R is not None:
-            reads = jnp.where(after[:, None], model.forward(PlainAccess(reset_to), q), reads)
-    P_end, S_end = end_state(P0, S0, factors, ends, outer, reset_to)
+    P_end, S_end = end_state(P0, S0, factors, ends, outer)
     return reads, P_end, S_end
 
 
@@ -296,7 +283,7 @@ def end_state(P0: Params, S0: Params, factors: GradientFactors, ends: EndRows,
 
 def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, alpha,
                n_valid=None, *, read: str = "after_write", running_mean: bool = False,
-               log_keep=None, reset=None, reset_to: Params | None = None):
+               log_keep=None):
     """One chunk of the memory recurrence: reads and the state after the chunk's last valid token.
 
     Args:
@@ -310,19 +297,14 @@ def chunk_step(model: InnerModel, P0: Params, S0: Params, k, v, q, theta, eta, a
       running_mean: reads at position i scale the gradient terms by b / (i + 1) (TTT's 1/i;
         :func:`~titans_lm.memory.coefficients.running_mean_scale`); the state is unchanged.
       log_keep: optional [b] log(1 - alpha), used instead of alpha.
-      reset: optional [b] bool document starts (any position): before such a token the state
-        returns to (reset_to, 0) and the chunk is cut there (docs/design.md#resets-inside-a-chunk).
-      reset_to: the reset target (default: P0).
     Returns:
       (reads [b, d_v], P_end, S_end).
     """
-    coef = chunk_coefficients(theta, eta, alpha, log_keep=log_keep, reset=reset)
+    coef = chunk_coefficients(theta, eta, alpha, log_keep=log_keep)
     ends = end_rows(coef, n_valid)
     if running_mean:
-        coef = with_running_mean(coef, reset)
-    after = None if reset is None else after_start(reset)
-    return chunk_step_from_coefficients(model, P0, S0, k, v, q, coef, ends, read=read,
-                                        reset_to=P0 if reset_to is None else reset_to, after=after)
+        coef = with_running_mean(coef)
+    return chunk_step_from_coefficients(model, P0, S0, k, v, q, coef, ends, read=read)
 
 
 def _pad_rows(x, total, value):
