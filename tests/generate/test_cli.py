@@ -1,6 +1,6 @@
 """``titans-lm generate`` and ``titans-lm eval --context`` through the command line (in process),
-on the tiny Transformer++ run of ``_tiny_run`` (trained once for the module, on a private copy of
-the data so that the tokenizer's source can be taken away)."""
+on a copy of the session's tiny Transformer++ run (the ``tiny_run`` fixture). A tokenizer that
+cannot be rebuilt is tested where it is raised (tests/generate/test_run.py)."""
 
 import json
 import shutil
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import _tiny_run
-from _tiny_run import REPO, cli_args
 from titans_lm.eval.results import read_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -21,20 +20,16 @@ def run_cli(args):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gen")
-    data = root / "data"
-    shutil.copytree(REPO / "data" / "tinyshakespeare", data / "tinyshakespeare")
-    workdir = root / "run"
-    p = run_cli(["train"] + cli_args(root / "cache", workdir, train__steps=2, train__ckpt_every=2,
-                                     data__data_dir=data) + ["--noeval_after"])
-    assert p.returncode == 0, p.stderr
-    return workdir, data
+def run(tiny_run, tmp_path_factory):
+    """A copy of the session's run (these tests write evaluation results into it)."""
+    workdir = tmp_path_factory.mktemp("gen") / "run"
+    shutil.copytree(tiny_run[0] / "run", workdir)
+    return workdir
 
 
 @pytest.fixture(scope="module")
 def greedy_alone(run):
-    p = _gen(run[0], "--prompt=First Citizen:", "--temperature=0")
+    p = _gen(run, "--prompt=First Citizen:", "--temperature=0")
     assert p.returncode == 0, p.stderr
     return p
 
@@ -48,7 +43,7 @@ def _gen(workdir, *args):
 
 
 def test_greedy_generation_is_deterministic_and_timed(run, greedy_alone):
-    workdir, _ = run
+    workdir = run
     a = greedy_alone
     b = _gen(workdir, "--prompt=First Citizen:", "--temperature=0", "--seed=5")
     assert a.stdout == b.stdout and a.stdout.startswith("First Citizen:")
@@ -62,7 +57,7 @@ def test_greedy_generation_is_deterministic_and_timed(run, greedy_alone):
 
 
 def test_batched_prompts_of_different_lengths(run, greedy_alone, tmp_path):
-    workdir, _ = run
+    workdir = run
     f = tmp_path / "prompts.txt"
     f.write_text("ROMEO:\n\nFirst Citizen:\nBefore we proceed any further, hear me speak.\n")
     p = _gen(workdir, f"--prompt_file={f}", "--temperature=0")
@@ -74,7 +69,7 @@ def test_batched_prompts_of_different_lengths(run, greedy_alone, tmp_path):
 
 
 def test_bad_input_gets_one_clear_message(run, tmp_path):
-    workdir, data = run
+    workdir = run
     p = _gen(workdir, "--prompt=")
     assert p.returncode == 1 and "empty prompt" in p.stderr
     _no_traceback(p)
@@ -84,19 +79,10 @@ def test_bad_input_gets_one_clear_message(run, tmp_path):
     assert p.returncode == 1 and "longer than the model's context" in p.stderr, p.stderr
     assert "max_context=64" in p.stderr and "--max_context=" in p.stderr
     _no_traceback(p)
-    away = data.parent / "moved"
-    data.rename(away)
-    try:
-        p = _gen(workdir, "--prompt=ROMEO:")
-    finally:
-        away.rename(data)
-    assert p.returncode == 1 and "has no tokenizer of its own" in p.stderr, p.stderr
-    assert str(data) in p.stderr
-    _no_traceback(p)
 
 
 def test_eval_reports_both_context_modes(run, tmp_path):
-    workdir, _ = run
+    workdir = run
     short = tmp_path / "short.txt"
     short.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n")
     p = run_cli(["eval", f"--workdir={workdir}", f"--text={short}", "--context=both"])

@@ -3,7 +3,8 @@
 import ml_collections
 import pytest
 
-from titans_lm.generate.run import TextStream, context_bound, read_prompts
+from titans_lm.generate.run import (TextStream, TokenizerMissingError, context_bound, read_prompts,
+                                   run_tokenizer)
 
 
 def test_read_prompts(tmp_path):
@@ -39,3 +40,13 @@ def test_context_bound():
     tf = ml_collections.ConfigDict({"name": "transformer", "max_context": 256})
     assert context_bound(tf) == 256
     assert context_bound(ml_collections.ConfigDict({"name": "lmm"})) is None
+
+
+def test_a_tokenizer_that_cannot_be_rebuilt_names_its_source(tmp_path):
+    cfg = ml_collections.ConfigDict({
+        "data": {"corpus": "tinyshakespeare", "data_dir": str(tmp_path / "moved"),
+                 "vocab_size": 320, "tokenizer_sentences": 1000, "cache_dir": str(tmp_path)},
+        "model": {"vocab_size": 320}})
+    with pytest.raises(TokenizerMissingError, match="has no tokenizer of its own") as e:
+        run_tokenizer(cfg, tmp_path / "run")
+    assert str(tmp_path / "moved") in str(e.value) and "data/README.md" in str(e.value)
