@@ -19,7 +19,8 @@ from flax import nnx
 
 from _backbones import VOCAB, build, load_config, small_model_cfg
 
-BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
+BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal", "linear_attention",
+             "deltanet", "gated_deltanet")
 CHUNK, T = 16, 96
 FIRST = 2 * CHUNK          # the second document starts at FIRST + offset
 ATOL = 1e-10

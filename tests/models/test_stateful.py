@@ -21,7 +21,8 @@ from flax import nnx
 
 from _backbones import VOCAB, build, load_config, small_model_cfg
 
-BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
+BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal", "linear_attention",
+             "deltanet", "gated_deltanet")
 CHUNK, WINDOW, SEGMENT, MAX_CONTEXT = 16, 24, 32, 40
 T = 96
 ATOL = 1e-10
