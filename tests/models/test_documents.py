@@ -19,7 +19,9 @@ from flax import nnx
 
 from _backbones import VOCAB, build, load_config, small_model_cfg
 
-BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
+# DeltaNet is Gated DeltaNet without the forget gate (the same engine path): not repeated here.
+BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal", "linear_attention",
+             "gated_deltanet")
 CHUNK, T = 16, 96
 FIRST = 2 * CHUNK          # the second document starts at FIRST + offset
 ATOL = 1e-10

@@ -33,7 +33,8 @@ MEMORY_DEFAULTS = dict(
     use_momentum=True, use_decay=True, theta_bias_init=0.0, eta_bias_init=2.0,
     alpha_bias_init=-6.0, use_conv=True, conv_kernel=4, qk_l2_norm=True, v_l2_norm=False,
     use_output_gate=True, read="after_write", read_running_mean=False, surprise_max_norm=0.0,
-    impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
+    attentional_bias="l2", feature_map="identity", read_normalizer=False, learned_w0=True,
+    gradient_at="chunk_start", impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
 
 
 def memory_section(**overrides) -> ml_collections.ConfigDict:
@@ -191,4 +192,46 @@ def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float
                             gate_style="ttt", ttt_base_lr=ttt_engine_lr(paper_base_lr, chunk),
                             use_momentum=False, use_decay=False, use_conv=False,
                             qk_l2_norm=False, use_output_gate=False, **inner_model)
+    return backbone_config(name, size, paper_shapes, memory)
+
+
+# The linear-RNN backbones (titans_lm.models.linear_rnn) as memory settings of the one engine:
+# a linear memory (d_k = d_v = head_dim) starting from zero, no momentum, one field per rule.
+LINEAR_RNN_MEMORY = dict(memory_depth=1, learned_w0=False, use_momentum=False, chunk_size=64,
+                         use_conv=True, conv_kernel=4)
+LINEAR_RNN_RULES = {
+    # Katharopoulos et al. 2020: S_t = S_{t-1} + phi(k_t)^T v_t, y = phi(q) S / (phi(q) z + eps):
+    # the dot bias with theta = 1/2 (gradient -2 phi(k)^T v), elu + 1 features, the normaliser
+    # column; no short convolution and no output gate (the paper has neither).
+    "linear_attention": dict(attentional_bias="dot", gate_style="constant", theta_max=0.5,
+                             feature_map="elu1", read_normalizer=True, qk_l2_norm=False,
+                             use_decay=False, use_conv=False, use_output_gate=False),
+    # DeltaNet (Schlag et al. 2021; Yang et al. 2024): W_t = W_{t-1} + beta_t k_t^T (v_t - k_t
+    # W_{t-1}), beta = sigmoid(x w + b) = 2 theta with theta_max 0.5; SiLU + short conv + l2-normed
+    # q, k (Yang et al. 2024 sec. 4); output RMSNorm, no output gate (fla's DeltaNet default).
+    "deltanet": dict(gradient_at="previous_token", gate_style="titans", theta_max=0.5,
+                     qk_l2_norm=True, use_decay=False, use_output_gate=False),
+    # Gated DeltaNet (Yang, Kautz, Hatamizadeh 2024): W_t = a_t (I - beta_t k_t^T k_t) W_{t-1} +
+    # beta_t k_t^T v_t; a_t = 1 - alpha_t is the Titans forget gate sigmoid(-x w - b) (the paper:
+    # a Mamba2-style exp(-A softplus(.))), starting near 1 (alpha_bias_init -6); output RMSNorm
+    # and SiLU gate as the paper.
+    "gated_deltanet": dict(gradient_at="previous_token", gate_style="titans", theta_max=0.5,
+                           qk_l2_norm=True, use_decay=True, alpha_bias_init=-6.0,
+                           use_output_gate=True),
+}
+
+
+def linear_rnn_config(name: str, size: str, paper_shapes: dict) -> ml_collections.ConfigDict:
+    """:func:`backbone_config` of a linear-RNN backbone: ``name`` in :data:`LINEAR_RNN_RULES`
+    ("linear_attention", "deltanet", "gated_deltanet"), the memory :data:`LINEAR_RNN_MEMORY` with
+    that rule, heads of 64 (tiny) or 128 (paper sizes, as Yang et al. 2024), chunks of 64, no
+    persistent tokens.
+
+    Raises:
+      ValueError: for an unknown size or name.
+    """
+    if name not in LINEAR_RNN_RULES:
+        raise ValueError(f"unknown linear-RNN backbone {name!r}; known: {sorted(LINEAR_RNN_RULES)}")
+    head_dim = 64 if check_size(size, ("tiny",) + PAPER_SIZES, name) == "tiny" else 128
+    memory = memory_section(**{**LINEAR_RNN_MEMORY, **LINEAR_RNN_RULES[name], "head_dim": head_dim})
     return backbone_config(name, size, paper_shapes, memory)

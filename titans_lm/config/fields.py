@@ -28,7 +28,8 @@ from typing import Any
 TRANSFORMER = ("transformer",)  # Transformer++ (configs/transformer.py and configs/swa.py)
 TTT = ("ttt_linear", "ttt_mlp")
 TITANS = ("lmm", "mac", "mag", "mal")
-MEMORY_BACKBONES = TITANS + TTT
+LINEAR_RNN = ("linear_attention", "deltanet", "gated_deltanet")  # titans_lm.models.linear_rnn
+MEMORY_BACKBONES = TITANS + TTT + LINEAR_RNN
 BACKBONES = TRANSFORMER + MEMORY_BACKBONES
 ATTENTION = TRANSFORMER + ("mac", "mag", "mal")  # backbones with attention layers
 TASKS = ("mqar", "niah")
@@ -206,8 +207,9 @@ FIELDS: dict[str, Field] = {
                                  "sigmoid(.); stable below ~0.0005 at chunk 16.", POSITIVE,
                                  MEMORY_BACKBONES),
     "model.memory.gate_style": _f("'titans': theta from theta_max; 'ttt': TTT's "
-                                  "ttt_base_lr * sigmoid(.) / head_dim.",
-                                  _one_of("titans", "ttt"), MEMORY_BACKBONES),
+                                  "ttt_base_lr * sigmoid(.) / head_dim; 'constant': theta = "
+                                  "theta_max, no gate parameters.",
+                                  _one_of("titans", "ttt", "constant"), MEMORY_BACKBONES),
     "model.memory.ttt_base_lr": _f("TTT gates: base inner learning rate (engine convention, "
                                    "titans_lm.config.backbones.ttt_engine_lr).", POSITIVE,
                                    MEMORY_BACKBONES),
@@ -242,6 +244,25 @@ FIELDS: dict[str, Field] = {
     "model.memory.surprise_max_norm": _f("Clip each token's surprise to this norm (0 = off; "
                                          "engines chunked and reference).", NON_NEGATIVE,
                                          MEMORY_BACKBONES),
+    "model.memory.attentional_bias": _f("The inner loss (MIRAS' attentional bias): 'l2' "
+                                        "||f(k) - v||^2, or 'dot' -2 <f(k), v> (Hebbian; linear "
+                                        "attention). Not 'l2': engines chunked and reference.",
+                                        _one_of("l2", "dot"), MEMORY_BACKBONES),
+    "model.memory.feature_map": _f("phi on q and k: 'identity' (the layer's SiLU) or 'elu1' "
+                                   "(elu + 1 instead of the SiLU; Katharopoulos et al. 2020).",
+                                   _one_of("identity", "elu1"), MEMORY_BACKBONES),
+    "model.memory.read_normalizer": _f("Linear attention's normaliser: reads divided by "
+                                       "phi(q) z + norm_eps, z carried as one more value column "
+                                       "(needs the dot bias, feature_map elu1, learned_w0 False, "
+                                       "memory_depth 1).", _one_of(False, True), MEMORY_BACKBONES),
+    "model.memory.learned_w0": _f("The memory starts from a learned W0 per head (True) or "
+                                  "from zero, untrained (False).", _one_of(False, True),
+                                  MEMORY_BACKBONES),
+    "model.memory.gradient_at": _f("Where each token's inner gradient is taken: 'chunk_start' "
+                                   "(mini-batch GD) or 'previous_token' (online GD at the decayed "
+                                   "previous state: the (gated) delta rule; memory_depth 1, l2 "
+                                   "bias, no momentum).",
+                                   _one_of("chunk_start", "previous_token"), MEMORY_BACKBONES),
     "model.memory.impl": _f("Engine implementation (same math).",
                             ("'chunked' | 'reference' | 'pallas' | 'auto' or a registered one",
                              None), MEMORY_BACKBONES),

@@ -31,7 +31,8 @@ SECTIONS = {
 }
 # The configs the full reference is generated from: ``configs/<name>.py:tiny`` and the task
 # configs on the Transformer++ (``configs/tasks/<task>.py:transformer``).
-BACKBONE_FILES = ("transformer", "swa", "lmm", "mac", "mag", "mal", "ttt_linear", "ttt_mlp")
+BACKBONE_FILES = ("transformer", "swa", "lmm", "mac", "mag", "mal", "ttt_linear", "ttt_mlp",
+                  "linear_attention", "deltanet", "gated_deltanet")
 TASK_FILES = ("mqar", "niah")
 COMMAND = "titans-lm config --explain --format=md > docs/config.md"
 

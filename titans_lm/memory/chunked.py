@@ -32,7 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titans_lm.memory.biases import DEFAULT_BIAS, get_bias
 from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients, with_running_mean
+from titans_lm.memory.delta import delta_chunked_scan
 from titans_lm.memory.inner_models import InnerModel, Params, PlainAccess
 
 
@@ -69,23 +71,28 @@ class _ProbeAccess:
         return self.params[index] + self.eps[index]
 
 
-def gradient_factors(model: InnerModel, params: Params, k: jax.Array, v: jax.Array) -> GradientFactors:
-    """Token-wise gradients of ||f(k_s; P) - v_s||^2 at ``params``, factored (see GradientFactors).
+def gradient_factors(model: InnerModel, params: Params, k: jax.Array, v: jax.Array,
+                     bias: str = DEFAULT_BIAS) -> GradientFactors:
+    """Token-wise gradients of l(f(k_s; P), v_s) at ``params``, factored (see GradientFactors).
+
+    l is the attentional bias (:mod:`titans_lm.memory.biases`; "l2": ||f(k_s; P) - v_s||^2): its
+    derivative dl/dy is back-propagated through the model's forward pass.
 
     Args:
       model: inner model spec.
       params: parameter tuple (the chunk-start state P0).
       k: [b, d_k] keys; v: [b, d_v] values.
+      bias: the attentional bias's name.
     """
     b = k.shape[0]
     eps = tuple(jnp.zeros((b, p.shape[-1]), k.dtype) for p in params)
 
-    def total_loss(eps):
+    def forward(eps):
         access = _ProbeAccess(params, eps)
-        y = model.forward(access, k)
-        return jnp.sum((y - v) ** 2), access.inputs
+        return model.forward(access, k), access.inputs
 
-    signals, inputs = jax.grad(total_loss, has_aux=True)(eps)
+    y, pullback, inputs = jax.vjp(forward, eps, has_aux=True)
+    (signals,) = pullback(get_bias(bias).grad(y, v))
     for i, p in enumerate(params):
         if p.ndim == 2 and i not in inputs:
             raise ValueError(f"inner model never applied matrix parameter {i}")
@@ -318,8 +325,13 @@ def _pad_rows(x, total, value):
 def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                  chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                  running_mean: bool = False, log_keep=None, state_length=None,
-                 surprise_max_norm: float = 0.0, inside_starts=None):
+                 surprise_max_norm: float = 0.0, inside_starts=None,
+                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start"):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
+
+    ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
+    decayed state just before its write: Gated DeltaNet) runs the chunkwise WY form of
+    :func:`titans_lm.memory.delta.delta_chunked_scan` instead of the dual form below.
 
     The sequence is cut into ceil(T / chunk_size) chunks; the last one is padded with zero keys,
     values and queries and theta = 0 (eta = 1, alpha = 0), its padded reads are dropped, and the
@@ -344,9 +356,16 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         None (unknown: the exact path), a Python bool (False skips the work of such starts), or
         a traced bool scalar (a branch per chunk, :func:`when_inside`). Must be true when one
         does; the layer computes it over the whole batch.
+      attentional_bias: the inner loss (:mod:`titans_lm.memory.biases`).
+      gradient_at: "chunk_start" (the dual form) or "previous_token" (the WY form).
     Raises:
       ValueError: for chunks_per_checkpoint < 0.
     """
+    if gradient_at == "previous_token":
+        return delta_chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset,
+                                  model=model, chunk_size=chunk_size, read=read,
+                                  reset_to=reset_to, chunks_per_checkpoint=chunks_per_checkpoint,
+                                  log_keep=log_keep, state_length=state_length)
     if int(chunks_per_checkpoint) != chunks_per_checkpoint or chunks_per_checkpoint < 0:
         raise ValueError(f"chunks_per_checkpoint must be an integer >= 0 (0: no rematerialisation), "
                          f"got {chunks_per_checkpoint}")
@@ -411,11 +430,12 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         kc, vc, qc, cf, ed, rs, ked, kf, af = x
         P = tuple(jnp.where(rs, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(rs, z, s) for z, s in zip(zeros, S))
-        factors = gradient_factors(model, P, kc, vc)
+        factors = gradient_factors(model, P, kc, vc, attentional_bias)
         if af is not None:
             at_P0 = factors
             factors = when_inside(inside_starts, lambda: select_factors(
-                af, at_P0, gradient_factors(model, reset_to, kc, vc)), lambda: at_P0)
+                af, at_P0, gradient_factors(model, reset_to, kc, vc, attentional_bias)),
+                lambda: at_P0)
         cf, ed = clip_surprise(factors, surprise_max_norm, cf, ed)
         if keeping:
             _, ked = clip_surprise(factors, surprise_max_norm, None, ked)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from titans_lm.memory.biases import BIASES
+from titans_lm.memory.features import FEATURE_MAPS
 from titans_lm.memory.inner_models import InnerModel, make_inner_model
-from titans_lm.memory.scan import IMPLEMENTATIONS
+from titans_lm.memory.scan import GRADIENT_AT, IMPLEMENTATIONS
 
-GATE_STYLES = ("titans", "ttt")
+GATE_STYLES = ("titans", "ttt", "constant")
 GATE_GRANULARITIES = ("token", "chunk")
 READ_MODES = ("after_write", "chunk_start")
 DTYPES = ("float32", "bfloat16", "float64")
@@ -61,7 +63,11 @@ class MemoryConfig:
         (:func:`chunk_write_gain`; see "Stable range" below).
       gate_style: "titans": theta = theta_max * sigmoid(x w_theta + b_theta);
         "ttt": theta = ttt_base_lr * sigmoid(x w_theta + b_theta) / head_dim (TTT's learnable
-        inner learning rate). eta and alpha are set by use_momentum / use_decay in both styles.
+        inner learning rate); "constant": theta = theta_max at every token, no theta parameters
+        (linear attention: theta_max 0.5 with the dot bias writes P += phi(k)^T v). eta and
+        alpha are set by use_momentum / use_decay in every style. Under the l2 bias the delta
+        rule's beta is 2 theta (no 1/2 in the loss): DeltaNet's beta = sigmoid(.) is "titans"
+        with theta_max 0.5.
       ttt_base_lr: TTT's base learning rate (TTT-Linear 1.0, TTT-MLP 0.1).
       eta_max: bound of the momentum gate, eta = eta_max * sigmoid(x w_eta + b_eta) in
         (0, eta_max); 1 is Titans' eta in (0, 1); default 0.9. Near 1 the momentum stops decaying and the
@@ -100,6 +106,24 @@ class MemoryConfig:
         theta_max * surprise_max_norm / (1 - eta_max) whatever the memory's curvature (which
         grows with memory_depth). Cost: one norm per token from the factors the engine already
         has (``scripts/benchmark.py --variants``). Engines "chunked" and "reference" only.
+      attentional_bias: the inner loss (:mod:`titans_lm.memory.biases`; MIRAS,
+        arXiv:2504.13173): "l2" ||f(k) - v||^2 (Titans, TTT, the delta rule) or "dot"
+        -2 <f(k), v> (Hebbian: linear attention). Engines "chunked" and "reference" only.
+      feature_map: phi on q and k (:mod:`titans_lm.memory.features`): "identity" (the layer's
+        SiLU) or "elu1" (elu + 1 in place of the SiLU; Katharopoulos et al. 2020).
+      read_normalizer: linear attention's normaliser: the values get a ones column, so the
+        memory (W [d_k, d_v + 1]) carries z = sum_s theta_s-weighted phi(k_s) as its last column,
+        and the read is y = (phi(q) W)[:d_v] / ((phi(q) W)[d_v] + norm_eps). Needs a positive
+        z: the dot bias, feature_map "elu1", a zero untrained W0 (learned_w0 False) and a linear
+        memory without bias.
+      learned_w0: the memory starts (and restarts at every document) from a learned W0 per head
+        (True; Titans, TTT) or from zero with no W0 parameter (False; linear attention, DeltaNet).
+      gradient_at: "chunk_start": every gradient of a chunk at the chunk-start state (mini-batch
+        gradient descent, TTT's b = chunk_size; Titans); "previous_token": each token's gradient
+        at the state just before its own write, after its decay (online gradient descent in
+        Gated DeltaNet's order, computed exactly chunk by chunk in WY form:
+        :mod:`titans_lm.memory.delta`). "previous_token" needs memory_depth 1 without bias or
+        residual LN, the l2 bias, no momentum, no running mean, no surprise clip.
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
@@ -154,6 +178,11 @@ class MemoryConfig:
     read: str = "after_write"
     read_running_mean: bool = False
     surprise_max_norm: float = 0.0
+    attentional_bias: str = "l2"
+    feature_map: str = "identity"
+    read_normalizer: bool = False
+    learned_w0: bool = True
+    gradient_at: str = "chunk_start"
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -189,6 +218,30 @@ class MemoryConfig:
         need(self.surprise_max_norm == 0 or self.impl in ("chunked", "reference"),
              "surprise_max_norm", f"is supported by impl 'chunked' and 'reference' only (impl is "
              f"{self.impl!r}); set it to 0 or change impl")
+        need(self.attentional_bias in BIASES, "attentional_bias", f"must be one of {sorted(BIASES)}")
+        need(self.feature_map in FEATURE_MAPS, "feature_map", f"must be one of {sorted(FEATURE_MAPS)}")
+        need(self.gradient_at in GRADIENT_AT, "gradient_at", f"must be one of {GRADIENT_AT}")
+        for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
+            need(getattr(self, field) == default or self.impl in ("chunked", "reference"), field,
+                 f"other than {default!r} is supported by impl 'chunked' and 'reference' only "
+                 f"(impl is {self.impl!r}); set it to {default!r} or change impl")
+        linear = self.memory_depth == 1 and not self.memory_bias and not self.memory_residual_ln
+        if self.gradient_at == "previous_token":
+            bad = [what for what, on in (
+                ("memory_depth 1 without memory_bias or memory_residual_ln", not linear),
+                ("attentional_bias 'l2'", self.attentional_bias != "l2"),
+                ("use_momentum False", self.use_momentum),
+                ("read_running_mean False", self.read_running_mean),
+                ("surprise_max_norm 0", self.surprise_max_norm > 0)) if on]
+            need(not bad, "gradient_at", f"'previous_token' (the delta rule) needs {', '.join(bad)}")
+        if self.read_normalizer:
+            bad = [what for what, on in (
+                ("attentional_bias 'dot' (under 'l2' the normaliser column can turn negative)",
+                 self.attentional_bias != "dot"),
+                ("feature_map 'elu1' (positive features)", self.feature_map != "elu1"),
+                ("learned_w0 False (the normaliser starts at zero)", self.learned_w0),
+                ("memory_depth 1 without memory_bias or memory_residual_ln", not linear)) if on]
+            need(not bad, "read_normalizer", f"True needs {'; '.join(bad)}")
         need(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}")
         need(self.param_dtype in DTYPES, "param_dtype", f"must be one of {DTYPES}")
         need(self.norm_eps > 0, "norm_eps", "must be positive")
@@ -197,6 +250,11 @@ class MemoryConfig:
         """:func:`chunk_write_gain` at the gates' upper bounds (Titans gates; unit keys)."""
         eta = self.eta_max if self.use_momentum else 0.0
         return chunk_write_gain(self.theta_max, eta, self.chunk_size)
+
+    @property
+    def memory_width(self) -> int:
+        """d_v of each head's memory: head_dim, plus the normaliser column with read_normalizer."""
+        return self.head_dim + (1 if self.read_normalizer else 0)
 
     def inner_model(self) -> InnerModel:
         """The per-head inner model these settings describe."""

@@ -33,6 +33,8 @@ from typing import Protocol, Sequence
 import jax
 import jax.numpy as jnp
 
+from titans_lm.memory.biases import DEFAULT_BIAS, get_bias
+
 Params = tuple[jax.Array, ...]
 
 _ACTIVATIONS = {
@@ -125,9 +127,12 @@ class InnerModel(abc.ABC):
             return self.forward(PlainAccess(tuple(params)), x[None])[0]
         return self.forward(PlainAccess(tuple(params)), x)
 
-    def loss(self, params: Sequence[jax.Array], k: jax.Array, v: jax.Array) -> jax.Array:
-        """Inner loss summed over rows: sum_t ||f(k_t; P) - v_t||^2 (Titans eq. 12, no 1/2)."""
-        return jnp.sum((self.apply(params, k) - v) ** 2)
+    def loss(self, params: Sequence[jax.Array], k: jax.Array, v: jax.Array,
+             bias: str = DEFAULT_BIAS) -> jax.Array:
+        """Inner loss summed over rows: sum_t l(f(k_t; P), v_t) with the attentional bias l
+        (:mod:`titans_lm.memory.biases`; "l2": ||f(k_t; P) - v_t||^2, Titans eq. 12, no 1/2).
+        k [N, d_k], v [N, d_v] -> scalar."""
+        return get_bias(bias).loss(self.apply(params, k), v)
 
 
 def _lecun(rng, shape, dtype):

@@ -4,11 +4,14 @@ Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; docs/design.md
 
     q, k, v = x W_Q, x W_K, x W_V                      [D] -> [H, head_dim]
     (optional) causal depthwise conv (kernel 4, restarting at document starts), then SiLU
+      (q and k: the feature map phi instead, feature_map "elu1": titans_lm.memory.features)
     q, k <- q / ||q||, k / ||k||                        (qk_l2_norm)
     v <- v / ||v||                                       (v_l2_norm; see MemoryConfig)
     theta, eta, alpha = gates(x)                         (see titans_lm.memory.gates; the forget
                                                           gate also as log(1 - alpha) = log_sigmoid(-a))
-    reads = memory_scan(W0_h, 0, k, v, q, theta, eta, alpha)   (titans_lm.memory.scan)
+    reads = memory_scan(W0_h, 0, k, v, q, theta, eta, alpha)   (titans_lm.memory.scan; W0 = 0
+                                                          without learned_w0)
+    (read_normalizer: v gets a ones column, reads = reads[:Dh] / (reads[Dh] + norm_eps))
     y = (RMSNorm(reads) * SiLU(x W_g)) W_O               [H, head_dim] -> [D]
 
 Call (the mixer protocol): ``state = layer.init_state(B)``; ``y_BTD, state = layer(x_BTD, stream,
@@ -44,6 +47,7 @@ from titans_lm.memory.carried import (MemoryState, Tokens, empty_state, next_sta
                                       with_buffer)
 from titans_lm.memory.chunked import starts_inside_chunks
 from titans_lm.memory.config import MemoryConfig
+from titans_lm.memory.features import feature_map
 from titans_lm.memory.scan import memory_read, memory_scan
 from titans_lm.nn.channel_scale import channel_scale
 from titans_lm.nn.conv import carried_causal_conv
@@ -136,8 +140,9 @@ class NeuralMemory(nnx.Module):
             self.conv_k = _param(rngs, shifted, (K, H, Dh), conv_axes, pdt)
             self.conv_v = _param(rngs, shifted, (K, H, Dh), conv_axes, pdt)
         gate_w_init = nnx.initializers.normal(0.02)
-        self.theta_w = _param(rngs, gate_w_init, (D, H), ("embed", "heads"), pdt)
-        self.theta_b = _param(rngs, _const_init(cfg.theta_bias_init), (H,), ("heads",), pdt)
+        if cfg.gate_style != "constant":
+            self.theta_w = _param(rngs, gate_w_init, (D, H), ("embed", "heads"), pdt)
+            self.theta_b = _param(rngs, _const_init(cfg.theta_bias_init), (H,), ("heads",), pdt)
         if cfg.use_momentum:
             self.eta_w = _param(rngs, gate_w_init, (D, H), ("embed", "heads"), pdt)
             self.eta_b = _param(rngs, _const_init(cfg.eta_bias_init), (H,), ("heads",), pdt)
@@ -145,14 +150,16 @@ class NeuralMemory(nnx.Module):
             self.alpha_w = _param(rngs, gate_w_init, (D, H), ("embed", "heads"), pdt)
             self.alpha_b = _param(rngs, _const_init(cfg.alpha_bias_init), (H,), ("heads",), pdt)
 
-        shapes = self.model.param_shapes(Dh, Dh)
-        keys = jax.random.split(rngs.params(), H)
-        per_head = jax.vmap(lambda key: self.model.init(key, Dh, Dh, pdt))(keys)
+        shapes = self.model.param_shapes(Dh, cfg.memory_width)
         w0 = []
-        for value, shape in zip(per_head, shapes):
-            axes = ("heads", None, "memory") if len(shape) == 2 else ("heads", "memory")
-            w0.append(nnx.Param(value, out_sharding=axes, eager_sharding=_eager_sharding()))
+        if cfg.learned_w0:
+            keys = jax.random.split(rngs.params(), H)
+            per_head = jax.vmap(lambda key: self.model.init(key, Dh, cfg.memory_width, pdt))(keys)
+            for value, shape in zip(per_head, shapes):
+                axes = ("heads", None, "memory") if len(shape) == 2 else ("heads", "memory")
+                w0.append(nnx.Param(value, out_sharding=axes, eager_sharding=_eager_sharding()))
         self.w0 = nnx.List(w0)
+        self._w0_shapes = tuple((H,) + tuple(shape) for shape in shapes)
 
         self.norm_scale = _param(rngs, _const_init(1.0), (H, Dh), ("heads", "head_dim"), pdt)
         if cfg.use_output_gate:
@@ -202,17 +209,18 @@ class NeuralMemory(nnx.Module):
         tails = list(conv_tail) if conv_tail else [None] * 3
         new_tails = []
 
-        def qkv(w, conv, tail):
+        def qkv(w, conv, tail, act):
             y = project(xc, w[...].astype(cdt))  # einsum btd,dhk->bthk
             if cfg.use_conv:
                 y, new_tail = carried_causal_conv(y, conv[...].astype(y.dtype), stream.positions,
                                                   tail, tail_at)
                 new_tails.append(new_tail)
-            return jax.nn.silu(y).astype(idt)
+            return act(y).astype(idt)
 
-        q = qkv(self.w_q, getattr(self, "conv_q", None), tails[0])
-        k = qkv(self.w_k, getattr(self, "conv_k", None), tails[1])
-        v = qkv(self.w_v, getattr(self, "conv_v", None), tails[2])
+        phi = feature_map(cfg.feature_map)   # q and k: SiLU ("identity") or elu + 1
+        q = qkv(self.w_q, getattr(self, "conv_q", None), tails[0], phi)
+        k = qkv(self.w_k, getattr(self, "conv_k", None), tails[1], phi)
+        v = qkv(self.w_v, getattr(self, "conv_v", None), tails[2], jax.nn.silu)
         if cfg.qk_l2_norm:
             q, k = self._l2_normalize(q), self._l2_normalize(k)
         if cfg.v_l2_norm:
@@ -223,11 +231,13 @@ class NeuralMemory(nnx.Module):
         def pre(w, b):
             return jnp.einsum("btd,dh->bth", xi, w[...].astype(idt)) + b[...].astype(idt)
 
-        a_theta = pre(self.theta_w, self.theta_b)
-        if cfg.gate_style == "titans":
-            theta = gate_fns.titans_theta(a_theta, cfg.theta_max)
+        if cfg.gate_style == "constant":
+            theta = jnp.full(xi.shape[:2] + (cfg.n_heads,), cfg.theta_max, idt)
+        elif cfg.gate_style == "titans":
+            theta = gate_fns.titans_theta(pre(self.theta_w, self.theta_b), cfg.theta_max)
         else:
-            theta = gate_fns.ttt_theta(a_theta, cfg.ttt_base_lr, cfg.head_dim)
+            theta = gate_fns.ttt_theta(pre(self.theta_w, self.theta_b), cfg.ttt_base_lr,
+                                       cfg.head_dim)
         zeros = jnp.zeros_like(theta)
         eta = (gate_fns.titans_eta(pre(self.eta_w, self.eta_b), cfg.eta_max) if cfg.use_momentum
                else zeros)
@@ -255,7 +265,10 @@ class NeuralMemory(nnx.Module):
                             reset=t.reset, log_keep=log_keep)
 
     def initial_params(self) -> tuple:
-        """The learned per-head initial memory parameters W0: tuple of [H, ...] (inner dtype)."""
+        """The per-head initial memory parameters W0: tuple of [H, ...] (inner dtype); learned,
+        or zeros without ``learned_w0``."""
+        if not self.cfg.learned_w0:
+            return tuple(jnp.zeros(shape, self.inner_dtype) for shape in self._w0_shapes)
         return tuple(p[...].astype(self.inner_dtype) for p in self.w0)
 
     def _w0(self, batch_size: int) -> tuple:
@@ -297,6 +310,9 @@ class NeuralMemory(nnx.Module):
             options["running_mean"] = True
         if cfg.surprise_max_norm > 0:
             options["surprise_max_norm"] = cfg.surprise_max_norm
+        options.update(attentional_bias=cfg.attentional_bias, gradient_at=cfg.gradient_at)
+        if cfg.read_normalizer:   # z = sum theta phi(k) rides along as the last value column
+            v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
@@ -334,13 +350,22 @@ class NeuralMemory(nnx.Module):
                          reset, cast(reset_to), None if log_keep is None else log_keep.astype(idt),
                          state_length),
             impl=cfg.impl, batch=B, heads=cfg.n_heads)
-        return reads, (P, S)
+        return self._normalised(reads), (P, S)
 
     def read(self, state: State, q_BHTD: jax.Array) -> jax.Array:
         """Retrieve from a state without writing: f(q; P) per batch and head -> [B, H, T, Dh]."""
         params, _ = state
         fn = functools.partial(memory_read, model=self.model)
-        return jax.vmap(jax.vmap(fn))(params, q_BHTD.astype(self.inner_dtype))
+        return self._normalised(jax.vmap(jax.vmap(fn))(params, q_BHTD.astype(self.inner_dtype)))
+
+    def _normalised(self, reads):
+        """With read_normalizer: [..., Dh + 1] -> [..., Dh], the read divided by its normaliser
+        column phi(q) z (>= 0: positive features, dot bias, zero W0) plus norm_eps, so a read
+        before any write (padding, nothing written) is 0, never 0 / 0 (Katharopoulos et al. 2020,
+        eq. 6 with the eps of common implementations). Unchanged without it."""
+        if not self.cfg.read_normalizer:
+            return reads
+        return reads[..., :-1] / (reads[..., -1:] + self.cfg.norm_eps)
 
     def output(self, reads_BHTD: jax.Array, x_BTD: jax.Array) -> jax.Array:
         """RMSNorm per head, output gate SiLU(x W_g), projection W_O: -> [B, T, D] (compute dtype)."""

@@ -5,7 +5,9 @@ current mini-batch. At token t (Titans eqs. 12-14, mini-batch size b = chunk_siz
 
     if reset[t]:                   (P, S) <- (reset_to, 0)   # a document starts, at any position
     if t % b == 0 or reset[t]:     P_start <- P              # a mini-batch starts
-    G   = jax.grad(||f(k_t; .) - v_t||^2)(P_start)          # gradient at the mini-batch start
+    G   = jax.grad(l(f(k_t; .), v_t))(P_start)              # gradient at the mini-batch start
+          (gradient_at="previous_token": at (1 - alpha_t) P instead, Gated DeltaNet's order;
+           l: the attentional bias, titans_lm.memory.biases, default ||f(k_t; .) - v_t||^2)
     G  *= min(1, surprise_max_norm / ||G||)    (only with surprise_max_norm > 0: the guard)
     S   = eta_t S - theta_t G
     P   = (1 - alpha_t) P + S                               (or exp(log_keep_t) P + S)
@@ -27,12 +29,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from titans_lm.memory.biases import DEFAULT_BIAS
 from titans_lm.memory.inner_models import InnerModel
 
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
-                   log_keep=None, state_length=None, surprise_max_norm: float = 0.0):
+                   log_keep=None, state_length=None, surprise_max_norm: float = 0.0,
+                   attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start"):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -41,11 +45,14 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     recurrence from (0, 0); the state is linear in it) and reads token t (position j in its chunk)
     through P + (b / (j + 1) - 1) Pg: the gradients so far weighted by 1 / (j + 1) instead of the
     1 / b in theta (TTT's running mean; j counts from the mini-batch start, a document start
-    included). ``state_length`` is None or an int32 scalar in 0..T,
+    included). ``attentional_bias`` names the inner loss (:mod:`titans_lm.memory.biases`).
+    ``gradient_at="previous_token"`` takes token t's gradient at the decayed previous state
+    (1 - alpha_t) P_{t-1} (after a reset: (1 - alpha_t) reset_to) instead of at P_start: online
+    gradient descent in Gated DeltaNet's order. ``state_length`` is None or an int32 scalar in 0..T,
     possibly traced. ``surprise_max_norm > 0`` clips each token's gradient to that norm.
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
-    grad_fn = jax.grad(model.loss)
+    grad_fn = jax.grad(lambda p, k_, v_: model.loss(p, k_, v_, attentional_bias))
     outer = model.outer_params()
     keep_all = 1 - alpha if log_keep is None else jnp.exp(log_keep)
     T = k.shape[0]
@@ -59,7 +66,11 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         P = tuple(jnp.where(reset_t, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(reset_t, z, s) for z, s in zip(zeros, S))
         P_start = tuple(jnp.where(at_start, p, p_s) for p, p_s in zip(P, P_start))
-        G = grad_fn(P_start, k_t[None], v_t[None])
+        if gradient_at == "previous_token":
+            base = tuple(p if i in outer else keep_t * p for i, p in enumerate(P))
+        else:
+            base = P_start
+        G = grad_fn(base, k_t[None], v_t[None])
         if surprise_max_norm > 0:
             norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
             G = tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)

@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from titans_lm.memory.biases import DEFAULT_BIAS, get_bias
 from titans_lm.memory.chunked import starts_inside_chunks
+from titans_lm.memory.delta import check_delta_model
 from titans_lm.memory.inner_models import InnerModel, resolve_model
 from titans_lm.nn.segments import is_concrete
 
@@ -41,6 +43,7 @@ IMPLEMENTATIONS: dict[str, str | Callable] = {
 }
 
 READ_MODES = ("after_write", "chunk_start")
+GRADIENT_AT = ("chunk_start", "previous_token")
 
 
 def register_implementation(name: str, fn: str | Callable) -> None:
@@ -106,6 +109,7 @@ def check_gates(theta, eta, alpha=None, log_keep=None) -> None:
 def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerModel | str,
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
                 reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
+                attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start",
                 **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
@@ -160,6 +164,17 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         uses it to return the state at the start of the chunk that a call ends inside.
         Supported by "reference" and "chunked"; "pallas" (and "auto" on GPU/TPU) run "chunked"
         when it is given.
+      attentional_bias: the inner loss l(f(k), v) (:mod:`titans_lm.memory.biases`): "l2"
+        (default, ||f(k) - v||^2) or "dot" (-2 <f(k), v>, Hebbian). Implementations "chunked" and
+        "reference" only (passed, like the next option, only when not the default).
+      gradient_at: "chunk_start" (default: mini-batch gradient descent, above) or
+        "previous_token": online gradient descent with token t's gradient taken at the decayed
+        state just before its write, (1 - alpha_t) P_{t-1} (Gated DeltaNet's order; Titans takes
+        it before the decay): W_t = a_t (I - beta_t k_t^T k_t) W_{t-1} + beta_t k_t^T v_t with
+        a = 1 - alpha and beta = 2 theta. Needs a linear memory without bias, the l2 bias, eta = 0
+        and no running mean or surprise clip; "chunked" runs it in the WY form of
+        :mod:`titans_lm.memory.delta`, exact for any chunk_size (the chunk size then sets only
+        the work per step, not the math).
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
@@ -228,6 +243,12 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                              f"{jnp.shape(state_length)}")
         impl_options["state_length"] = state_length
     fn = get_implementation(impl)
+    _check_rule(fn, impl, model, attentional_bias, gradient_at, eta, running_mean,
+                impl_options.get("surprise_max_norm", 0.0))
+    if attentional_bias != DEFAULT_BIAS:
+        impl_options["attentional_bias"] = attentional_bias
+    if gradient_at != GRADIENT_AT[0]:
+        impl_options["gradient_at"] = gradient_at
     if _accepts(fn, "inside_starts"):
         if impl_options.get("inside_starts") is None:
             impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
@@ -251,6 +272,32 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     return compiled(cast(params0), cast(momentum0), k, v, q, theta, eta, alpha, reset,
                     cast(reset_to), dynamic, model=model, chunk_size=chunk_size, read=read,
                     **static)
+
+
+def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_max_norm):
+    """Raise ValueError for an attentional bias or gradient point that ``impl`` or the rest of
+    the configuration does not support (one message naming the cause and the fix)."""
+    get_bias(bias)
+    if gradient_at not in GRADIENT_AT:
+        raise ValueError(f"gradient_at must be one of {GRADIENT_AT}, got {gradient_at!r}")
+    for name, value, default in (("attentional_bias", bias, DEFAULT_BIAS),
+                                 ("gradient_at", gradient_at, GRADIENT_AT[0])):
+        if value != default and not _accepts(fn, name):
+            raise ValueError(f"{name}={value!r} is supported by impl 'chunked' and 'reference' "
+                             f"only, not {impl!r}; change impl or use {name}={default!r}")
+    if gradient_at == "previous_token":
+        check_delta_model(model)
+        problems = [what for what, bad in (
+            (f"attentional_bias {bias!r} (needs 'l2')", bias != DEFAULT_BIAS),
+            ("read_running_mean", running_mean),
+            ("surprise_max_norm > 0", surprise_max_norm > 0),
+            ("momentum (eta != 0)", is_concrete(eta) and bool(np.any(np.asarray(eta) != 0))))
+            if bad]
+        if problems:
+            raise ValueError(f"gradient_at='previous_token' (the delta rule) takes a linear memory "
+                             f"with the l2 bias and no momentum, running mean or surprise clip; "
+                             f"got {', '.join(problems)}. Turn those off or use "
+                             f"gradient_at='chunk_start'")
 
 
 def _accepts(fn, name: str) -> bool:

@@ -4,7 +4,8 @@ The norm of a neural memory's state relative to its layer's learned initial stat
 
     memory_norm = max over batch and heads of ||P||_F / ||W0||_F
 
-(all inner parameters together; 1 means the memory is where it started in scale). A memory whose
+(all inner parameters together; 1 means the memory is where it started in scale; a memory that
+starts from zero, ``learned_w0=False``, reports ||P||_F itself). A memory whose
 inner loop diverges shows it here first (tens, then inf/NaN), while an outer-optimiser blow-up
 leaves it near 1 until the parameters themselves go bad.
 
@@ -35,7 +36,8 @@ def memory_norm(params: Sequence[jax.Array], w0: Sequence[jax.Array]) -> jax.Arr
     sq = sum(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=tuple(range(2, p.ndim)))
              for p in params)
     sq0 = sum(jnp.sum(jnp.square(w.astype(jnp.float32)), axis=tuple(range(1, w.ndim))) for w in w0)
-    ratio = jnp.sqrt(sq) / jnp.sqrt(jnp.maximum(sq0, 1e-30))[None, :]
+    sq0 = jnp.where(sq0 > 0, sq0, 1.0)[None, :]   # a zero W0 (learned_w0 False): ||P|| itself
+    ratio = jnp.sqrt(sq) / jnp.sqrt(sq0)
     return jax.lax.stop_gradient(jnp.max(ratio)).astype(jnp.float32)
 
 
