@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
-from titans_lm.config.backbones import (MEMORY_DEFAULTS, TITANS_MEMORY, backbone_config,
-                                        memory_section, titans_config, titans_memory_section)
+from titans_lm.config import validate
+from titans_lm.config.backbones import (MEMORY_DEFAULTS, MEMORY_VARIANTS, TITANS_MEMORY,
+                                        backbone_config, memory_section, memory_variant,
+                                        titans_config, titans_memory_section)
 from titans_lm.config.presets import PAPER_SIZES
 from titans_lm.memory.config import MemoryConfig
 
@@ -51,3 +53,17 @@ def test_titans_config_uses_the_titans_memory():
     assert c.model.memory.eta_max == 0.9
     assert c.model.memory.to_dict() == titans_memory_section().to_dict()
     assert titans_config("mag", "170m", shapes).model.n_persistent == 16
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY_VARIANTS))
+def test_memory_variants_make_valid_titans_configs(name):
+    """MIRAS' Moneta and Yaad biases and Atlas' polynomial features on a Titans backbone: the
+    config validates and the layer's settings follow."""
+    c = titans_config("mag", "tiny", {})
+    memory_variant(c.model.memory, name)
+    validate(c)
+    mem = MemoryConfig.from_dict(dict(c.model.memory), d_model=c.model.d_model, n_heads=1)
+    for field, value in MEMORY_VARIANTS[name].items():
+        assert getattr(mem, field) == value
+    with pytest.raises(ValueError, match="unknown memory variant 'memora'"):
+        memory_variant(c.model.memory, "memora")

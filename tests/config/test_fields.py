@@ -79,6 +79,8 @@ def test_every_backbone_refuses_every_field_it_does_not_read(configs):
     ("model.remat", "everything", "must be 'none' | 'full'"),
     ("train.stpes", 5, "not a field of the config"),
     ("model.memory.chunk_sise", 5, "not a field of the lmm backbone"),
+    ("model.memory.bias_p", 1.0, "must be > 1, got 1.0"),
+    ("model.memory.feature_degree", 0, "must be an integer >= 1, got 0"),
 ])
 def test_out_of_range_and_unknown_fields_are_named(configs, name, value, message):
     cfg = ml_collections.ConfigDict(configs["lmm"].to_dict())

@@ -28,6 +28,9 @@ CONFIGS = {
     "ttt_linear": dict(memory_depth=1, gate_style="ttt", use_momentum=False, use_decay=False,
                        use_conv=False, memory_residual_ln=True),
     "chunk_gates": dict(memory_depth=2, gate_granularity="chunk", use_conv=True),
+    # Atlas' polynomial keys (the carried buffers keep head_dim) under MIRAS' l_p bias
+    "poly_lp": dict(memory_depth=2, feature_map="poly", feature_degree=2, attentional_bias="lp",
+                    bias_p=3.0),
 }
 
 

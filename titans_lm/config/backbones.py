@@ -33,7 +33,8 @@ MEMORY_DEFAULTS = dict(
     use_momentum=True, use_decay=True, theta_bias_init=0.0, eta_bias_init=2.0,
     alpha_bias_init=-6.0, use_conv=True, conv_kernel=4, qk_l2_norm=True, v_l2_norm=False,
     use_output_gate=True, read="after_write", read_running_mean=False, surprise_max_norm=0.0,
-    attentional_bias="l2", feature_map="identity", read_normalizer=False, learned_w0=True,
+    attentional_bias="l2", bias_p=3.0, huber_delta=1.0, feature_map="identity",
+    feature_degree=2, read_normalizer=False, learned_w0=True,
     gradient_at="chunk_start", impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
 
 
@@ -85,6 +86,33 @@ TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_a
                      use_conv=True, qk_l2_norm=True, v_l2_norm=True, use_output_gate=True,
                      theta_max=0.0005,
                      eta_max=0.9, theta_bias_init=0.0)
+
+
+# MIRAS' attentional biases and Atlas' feature map as memory overrides that any memory backbone
+# takes (``memory_variant``; docs/design.md#attentional-biases-feature-maps-the-normaliser):
+# from the command line, e.g. ``--config.model.memory.attentional_bias=lp
+# --config.model.memory.bias_p=3``. MIRAS' Moneta, Yaad (arXiv:2504.13173, sec. 5): an MLP memory
+# written by gradient descent without momentum; Moneta's l_q retention and Memora's KL
+# retention do not fit the engine's decay (docs/design.md), so both keep the Titans forget gate.
+MEMORY_VARIANTS = {
+    "moneta": dict(attentional_bias="lp", bias_p=3.0, use_momentum=False),
+    "yaad": dict(attentional_bias="huber", huber_delta=1.0, use_momentum=False),
+    "poly": dict(feature_map="poly", feature_degree=2),   # Atlas' polynomial keys and queries
+}
+
+
+def memory_variant(memory: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """``memory`` (a ``model.memory`` section) with the overrides of :data:`MEMORY_VARIANTS`
+    ``name`` ("moneta", "yaad", "poly") applied, in place; returns it.
+
+    Raises:
+      ValueError: for an unknown name (listing the known ones).
+    """
+    if name not in MEMORY_VARIANTS:
+        raise ValueError(f"unknown memory variant {name!r}; known: {sorted(MEMORY_VARIANTS)}")
+    for field, value in MEMORY_VARIANTS[name].items():
+        memory[field] = value
+    return memory
 
 
 def titans_memory_section(**overrides) -> ml_collections.ConfigDict:

@@ -245,12 +245,26 @@ FIELDS: dict[str, Field] = {
                                          "engines chunked and reference).", NON_NEGATIVE,
                                          MEMORY_BACKBONES),
     "model.memory.attentional_bias": _f("The inner loss (MIRAS' attentional bias): 'l2' "
-                                        "||f(k) - v||^2, or 'dot' -2 <f(k), v> (Hebbian; linear "
-                                        "attention). Not 'l2': engines chunked and reference.",
-                                        _one_of("l2", "dot"), MEMORY_BACKBONES),
-    "model.memory.feature_map": _f("phi on q and k: 'identity' (the layer's SiLU) or 'elu1' "
-                                   "(elu + 1 instead of the SiLU; Katharopoulos et al. 2020).",
-                                   _one_of("identity", "elu1"), MEMORY_BACKBONES),
+                                        "||f(k) - v||^2, 'dot' -2 <f(k), v> (Hebbian; linear "
+                                        "attention), 'lp' ||f(k) - v||_p^p (Moneta; bias_p) or "
+                                        "'huber' (Yaad; huber_delta). Not 'l2': engines chunked "
+                                        "and reference, gradient_at chunk_start.",
+                                        _one_of("l2", "dot", "lp", "huber"), MEMORY_BACKBONES),
+    "model.memory.bias_p": _f("Exponent p of the 'lp' bias ||f(k) - v||_p^p (2 = 'l2'; "
+                              "|r| smoothed near 0 for p < 2).",
+                              ("> 1", lambda v: v > 1), MEMORY_BACKBONES),
+    "model.memory.huber_delta": _f("Threshold of the 'huber' bias: quadratic (l2) per "
+                                   "coordinate within it, linear beyond.", POSITIVE,
+                                   MEMORY_BACKBONES),
+    "model.memory.feature_map": _f("phi on q and k: 'identity' (the layer's SiLU), 'elu1' "
+                                   "(elu + 1 instead of the SiLU; Katharopoulos et al. 2020) or "
+                                   "'poly' (Atlas' monomials of degree 1..feature_degree; the "
+                                   "memory's key width becomes C(head_dim + p, p) - 1).",
+                                   _one_of("identity", "elu1", "poly"), MEMORY_BACKBONES),
+    "model.memory.feature_degree": _f("Degree p of the 'poly' feature map (1 = the identity).",
+                                      ("an integer >= 1", lambda v: isinstance(v, int)
+                                       and not isinstance(v, bool) and v >= 1),
+                                      MEMORY_BACKBONES),
     "model.memory.read_normalizer": _f("Linear attention's normaliser: reads divided by "
                                        "phi(q) z + norm_eps, z carried as one more value column "
                                        "(needs the dot bias, feature_map elu1, learned_w0 False, "

@@ -72,7 +72,7 @@ class _ProbeAccess:
 
 
 def gradient_factors(model: InnerModel, params: Params, k: jax.Array, v: jax.Array,
-                     bias: str = DEFAULT_BIAS) -> GradientFactors:
+                     bias=DEFAULT_BIAS) -> GradientFactors:
     """Token-wise gradients of l(f(k_s; P), v_s) at ``params``, factored (see GradientFactors).
 
     l is the attentional bias (:mod:`titans_lm.memory.biases`; "l2": ||f(k_s; P) - v_s||^2): its
@@ -82,7 +82,7 @@ def gradient_factors(model: InnerModel, params: Params, k: jax.Array, v: jax.Arr
       model: inner model spec.
       params: parameter tuple (the chunk-start state P0).
       k: [b, d_k] keys; v: [b, d_v] values.
-      bias: the attentional bias's name.
+      bias: the attentional bias: a name or an ``AttentionalBias`` (``get_bias``).
     """
     b = k.shape[0]
     eps = tuple(jnp.zeros((b, p.shape[-1]), k.dtype) for p in params)
@@ -326,7 +326,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                  running_mean: bool = False, log_keep=None, state_length=None,
                  surprise_max_norm: float = 0.0, inside_starts=None,
-                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start"):
+                 attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start"):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -356,7 +356,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         None (unknown: the exact path), a Python bool (False skips the work of such starts), or
         a traced bool scalar (a branch per chunk, :func:`when_inside`). Must be true when one
         does; the layer computes it over the whole batch.
-      attentional_bias: the inner loss (:mod:`titans_lm.memory.biases`).
+      attentional_bias: the inner loss (:mod:`titans_lm.memory.biases`): a name or an
+        ``AttentionalBias``.
       gradient_at: "chunk_start" (the dual form) or "previous_token" (the WY form).
     Raises:
       ValueError: for chunks_per_checkpoint < 0.

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from titans_lm.memory.biases import BIASES
-from titans_lm.memory.features import FEATURE_MAPS
+from titans_lm.memory.biases import BIASES, AttentionalBias, bias_problem, get_bias
+from titans_lm.memory.features import FEATURE_MAPS, poly_width
 from titans_lm.memory.inner_models import InnerModel, make_inner_model
 from titans_lm.memory.scan import GRADIENT_AT, IMPLEMENTATIONS
 
@@ -107,10 +107,18 @@ class MemoryConfig:
         grows with memory_depth). Cost: one norm per token from the factors the engine already
         has (``scripts/benchmark.py --variants``). Engines "chunked" and "reference" only.
       attentional_bias: the inner loss (:mod:`titans_lm.memory.biases`; MIRAS,
-        arXiv:2504.13173): "l2" ||f(k) - v||^2 (Titans, TTT, the delta rule) or "dot"
-        -2 <f(k), v> (Hebbian: linear attention). Engines "chunked" and "reference" only.
+        arXiv:2504.13173): "l2" ||f(k) - v||^2 (Titans, TTT, the delta rule), "dot"
+        -2 <f(k), v> (Hebbian: linear attention), "lp" ||f(k) - v||_p^p with p = bias_p
+        (MIRAS' Moneta) or "huber" (Huber's loss times 2 with threshold huber_delta, per
+        coordinate; MIRAS' Yaad). Engines "chunked" and "reference" only.
+      bias_p: the exponent p > 1 of the "lp" bias (2 is "l2"; MIRAS' Moneta: 3).
+      huber_delta: the threshold delta > 0 of the "huber" bias, one constant per layer (MIRAS'
+        Yaad makes it input-dependent; see docs/design.md).
       feature_map: phi on q and k (:mod:`titans_lm.memory.features`): "identity" (the layer's
-        SiLU) or "elu1" (elu + 1 in place of the SiLU; Katharopoulos et al. 2020).
+        SiLU), "elu1" (elu + 1 in place of the SiLU; Katharopoulos et al. 2020) or "poly" (Atlas'
+        polynomial features of degree 1..feature_degree after the SiLU and the l2 norm; the
+        memory's key width becomes :attr:`key_width`).
+      feature_degree: the degree p >= 1 of the "poly" feature map (1: the identity).
       read_normalizer: linear attention's normaliser: the values get a ones column, so the
         memory (W [d_k, d_v + 1]) carries z = sum_s theta_s-weighted phi(k_s) as its last column,
         and the read is y = (phi(q) W)[:d_v] / ((phi(q) W)[d_v] + norm_eps). Needs a positive
@@ -179,7 +187,10 @@ class MemoryConfig:
     read_running_mean: bool = False
     surprise_max_norm: float = 0.0
     attentional_bias: str = "l2"
+    bias_p: float = 3.0
+    huber_delta: float = 1.0
     feature_map: str = "identity"
+    feature_degree: int = 2
     read_normalizer: bool = False
     learned_w0: bool = True
     gradient_at: str = "chunk_start"
@@ -219,7 +230,19 @@ class MemoryConfig:
              "surprise_max_norm", f"is supported by impl 'chunked' and 'reference' only (impl is "
              f"{self.impl!r}); set it to 0 or change impl")
         need(self.attentional_bias in BIASES, "attentional_bias", f"must be one of {sorted(BIASES)}")
+        need(isinstance(self.bias_p, (int, float)) and self.bias_p > 1, "bias_p",
+             "must be a number > 1 (the l_p bias's exponent)")
+        need(isinstance(self.huber_delta, (int, float)) and self.huber_delta > 0, "huber_delta",
+             "must be a number > 0 (the Huber bias's threshold)")
+        need(bias_problem(self.attentional_bias, self.bias_p, self.huber_delta) is None,
+             "attentional_bias", str(bias_problem(self.attentional_bias, self.bias_p,
+                                                  self.huber_delta)))
         need(self.feature_map in FEATURE_MAPS, "feature_map", f"must be one of {sorted(FEATURE_MAPS)}")
+        need(isinstance(self.feature_degree, int) and not isinstance(self.feature_degree, bool)
+             and self.feature_degree >= 1, "feature_degree", "must be an integer >= 1")
+        need(self.feature_map != "poly" or not self.memory_residual_ln, "feature_map",
+             "'poly' widens the keys, and memory_residual_ln needs keys as wide as the values; "
+             "turn one of them off")
         need(self.gradient_at in GRADIENT_AT, "gradient_at", f"must be one of {GRADIENT_AT}")
         for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
             need(getattr(self, field) == default or self.impl in ("chunked", "reference"), field,
@@ -251,6 +274,18 @@ class MemoryConfig:
         eta = self.eta_max if self.use_momentum else 0.0
         return chunk_write_gain(self.theta_max, eta, self.chunk_size)
 
+    def bias(self) -> AttentionalBias:
+        """The attentional bias with its parameters (``titans_lm.memory.biases.get_bias``)."""
+        return get_bias(self.attentional_bias, p=self.bias_p, delta=self.huber_delta)
+
+    @property
+    def key_width(self) -> int:
+        """d_k of each head's memory (the inner model's d_in): head_dim, or the polynomial
+        features' width C(head_dim + p, p) - 1 with feature_map "poly"."""
+        if self.feature_map == "poly":
+            return poly_width(self.head_dim, self.feature_degree)
+        return self.head_dim
+
     @property
     def memory_width(self) -> int:
         """d_v of each head's memory: head_dim, plus the normaliser column with read_normalizer."""
@@ -258,10 +293,13 @@ class MemoryConfig:
 
     def inner_model(self) -> InnerModel:
         """The per-head inner model these settings describe."""
+        # polynomial keys widen only the first matrix: the hidden width follows the values
+        hidden = (max(1, round(self.memory_expansion * self.head_dim))
+                  if self.feature_map == "poly" and self.memory_depth > 1 else 0)
         return make_inner_model(self.memory_depth, expansion=self.memory_expansion,
                                 activation=self.memory_activation, bias=self.memory_bias,
                                 residual_ln=self.memory_residual_ln,
-                                fast_ln=self.memory_ln_fast)
+                                fast_ln=self.memory_ln_fast, hidden=hidden)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], **overrides: Any) -> "MemoryConfig":

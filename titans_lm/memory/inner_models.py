@@ -128,9 +128,10 @@ class InnerModel(abc.ABC):
         return self.forward(PlainAccess(tuple(params)), x)
 
     def loss(self, params: Sequence[jax.Array], k: jax.Array, v: jax.Array,
-             bias: str = DEFAULT_BIAS) -> jax.Array:
+             bias=DEFAULT_BIAS) -> jax.Array:
         """Inner loss summed over rows: sum_t l(f(k_t; P), v_t) with the attentional bias l
-        (:mod:`titans_lm.memory.biases`; "l2": ||f(k_t; P) - v_t||^2, Titans eq. 12, no 1/2).
+        (:mod:`titans_lm.memory.biases`, a name or an ``AttentionalBias``; "l2":
+        ||f(k_t; P) - v_t||^2, Titans eq. 12, no 1/2).
         k [N, d_k], v [N, d_v] -> scalar."""
         return get_bias(bias).loss(self.apply(params, k), v)
 
@@ -191,13 +192,15 @@ class MLPMemory(InnerModel):
 
     Layout ``(W_1, ..., W_L)`` or, with ``bias``, ``(W_1, b_1, ..., W_L, b_L)``. The hidden width
     is read from the parameters; ``expansion`` only sets it in :meth:`init`
-    (hidden = round(expansion * d_in)).
+    (hidden = round(expansion * d_in)), or ``hidden`` when > 0 (a key wider than the values:
+    polynomial features, whose hidden width follows the values).
     """
 
     depth: int = 2
     expansion: float = 4.0
     activation: str = "silu"
     bias: bool = False
+    hidden: int = 0
 
     def __post_init__(self):
         if not 2 <= self.depth <= 4:
@@ -225,6 +228,8 @@ class MLPMemory(InnerModel):
         return h
 
     def hidden_width(self, d_in: int) -> int:
+        if self.hidden > 0:
+            return self.hidden
         return max(1, int(round(self.expansion * d_in)))
 
     def param_shapes(self, d_in, d_out):
@@ -340,8 +345,9 @@ def resolve_model(model: InnerModel | str) -> InnerModel:
 
 def make_inner_model(depth: int, *, expansion: float = 4.0, activation: str = "silu",
                      bias: bool = False, residual_ln: bool = False,
-                     fast_ln: bool = True) -> InnerModel:
-    """The inner model of a memory of ``depth`` layers (1 = linear, 2..4 = MLP).
+                     fast_ln: bool = True, hidden: int = 0) -> InnerModel:
+    """The inner model of a memory of ``depth`` layers (1 = linear, 2..4 = MLP; ``hidden`` > 0
+    fixes an MLP's hidden width, else expansion * d_in).
 
     ``residual_ln`` wraps it as x + LN(g(x)) (:class:`ResidualLN`), whose LN scale and shift are
     fast weights with ``fast_ln`` and outer-loop parameters without.
@@ -352,7 +358,8 @@ def make_inner_model(depth: int, *, expansion: float = 4.0, activation: str = "s
     if depth == 1:
         base: InnerModel = LinearMemory(bias=bias)
     elif 2 <= depth <= 4:
-        base = MLPMemory(depth=depth, expansion=expansion, activation=activation, bias=bias)
+        base = MLPMemory(depth=depth, expansion=expansion, activation=activation, bias=bias,
+                         hidden=hidden)
     else:
         raise ValueError(f"memory depth must be in 1..4, got {depth}")
     return ResidualLN(base, fast_ln=fast_ln) if residual_ln else base

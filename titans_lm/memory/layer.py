@@ -6,6 +6,8 @@ Per head h and token t (Titans arXiv:2501.00663 sec. 3.1 and 4.4; docs/design.md
     (optional) causal depthwise conv (kernel 4, restarting at document starts), then SiLU
       (q and k: the feature map phi instead, feature_map "elu1": titans_lm.memory.features)
     q, k <- q / ||q||, k / ||k||                        (qk_l2_norm)
+    q, k <- phi_p(q), phi_p(k)                           (feature_map "poly": Atlas' monomials of
+                                                          degree 1..p, [Dh] -> [key_width])
     v <- v / ||v||                                       (v_l2_norm; see MemoryConfig)
     theta, eta, alpha = gates(x)                         (see titans_lm.memory.gates; the forget
                                                           gate also as log(1 - alpha) = log_sigmoid(-a))
@@ -47,7 +49,7 @@ from titans_lm.memory.carried import (MemoryState, Tokens, empty_state, next_sta
                                       with_buffer)
 from titans_lm.memory.chunked import starts_inside_chunks
 from titans_lm.memory.config import MemoryConfig
-from titans_lm.memory.features import feature_map
+from titans_lm.memory.features import feature_map, poly_features
 from titans_lm.memory.scan import memory_read, memory_scan
 from titans_lm.nn.channel_scale import channel_scale
 from titans_lm.nn.conv import carried_causal_conv
@@ -108,7 +110,7 @@ class NeuralMemory(nnx.Module):
     multiplies the current token, row i the token i steps back: ``titans_lm.nn.conv``);
     theta_w / eta_w / alpha_w [D, H] ("embed", "heads") and *_b [H] ("heads",), eta and alpha only
     when momentum / decay are on; w0 (nnx.List, the inner model's initial parameters per head:
-    matrices [H, d_in, d_out] ("heads", None, "memory"), vectors [H, d] ("heads", "memory"));
+    matrices [H, d_in, d_out] (the first d_in = ``cfg.key_width``) ("heads", None, "memory"), vectors [H, d] ("heads", "memory"));
     norm_scale [H, Dh] ("heads", "head_dim"); w_out [H, Dh, D] ("heads", "head_dim", "embed").
 
     Initialisation: projections truncated-normal with variance 1/fan_in; conv taps uniform in
@@ -150,11 +152,12 @@ class NeuralMemory(nnx.Module):
             self.alpha_w = _param(rngs, gate_w_init, (D, H), ("embed", "heads"), pdt)
             self.alpha_b = _param(rngs, _const_init(cfg.alpha_bias_init), (H,), ("heads",), pdt)
 
-        shapes = self.model.param_shapes(Dh, cfg.memory_width)
+        Dk = cfg.key_width   # head_dim, or the polynomial features' width
+        shapes = self.model.param_shapes(Dk, cfg.memory_width)
         w0 = []
         if cfg.learned_w0:
             keys = jax.random.split(rngs.params(), H)
-            per_head = jax.vmap(lambda key: self.model.init(key, Dh, cfg.memory_width, pdt))(keys)
+            per_head = jax.vmap(lambda key: self.model.init(key, Dk, cfg.memory_width, pdt))(keys)
             for value, shape in zip(per_head, shapes):
                 axes = ("heads", None, "memory") if len(shape) == 2 else ("heads", "memory")
                 w0.append(nnx.Param(value, out_sharding=axes, eager_sharding=_eager_sharding()))
@@ -310,7 +313,8 @@ class NeuralMemory(nnx.Module):
             options["running_mean"] = True
         if cfg.surprise_max_norm > 0:
             options["surprise_max_norm"] = cfg.surprise_max_norm
-        options.update(attentional_bias=cfg.attentional_bias, gradient_at=cfg.gradient_at)
+        options.update(attentional_bias=cfg.bias(), gradient_at=cfg.gradient_at)
+        q, k = self._features(q), self._features(k)
         if cfg.read_normalizer:   # z = sum theta phi(k) rides along as the last value column
             v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
@@ -356,7 +360,16 @@ class NeuralMemory(nnx.Module):
         """Retrieve from a state without writing: f(q; P) per batch and head -> [B, H, T, Dh]."""
         params, _ = state
         fn = functools.partial(memory_read, model=self.model)
-        return self._normalised(jax.vmap(jax.vmap(fn))(params, q_BHTD.astype(self.inner_dtype)))
+        q = self._features(q_BHTD.astype(self.inner_dtype))
+        return self._normalised(jax.vmap(jax.vmap(fn))(params, q))
+
+    def _features(self, x):
+        """[..., Dh] -> [..., key_width]: Atlas' polynomial features with feature_map "poly"
+        (``titans_lm.memory.features.poly_features``), else unchanged. Applied where q and k
+        enter the engine (:meth:`scan`, :meth:`read`), so carried buffers keep width Dh."""
+        if self.cfg.feature_map != "poly":
+            return x
+        return poly_features(x, self.cfg.feature_degree)
 
     def _normalised(self, reads):
         """With read_normalizer: [..., Dh + 1] -> [..., Dh], the read divided by its normaliser

@@ -36,7 +36,7 @@ from titans_lm.memory.inner_models import InnerModel
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
                    log_keep=None, state_length=None, surprise_max_norm: float = 0.0,
-                   attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start"):
+                   attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start"):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -45,7 +45,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     recurrence from (0, 0); the state is linear in it) and reads token t (position j in its chunk)
     through P + (b / (j + 1) - 1) Pg: the gradients so far weighted by 1 / (j + 1) instead of the
     1 / b in theta (TTT's running mean; j counts from the mini-batch start, a document start
-    included). ``attentional_bias`` names the inner loss (:mod:`titans_lm.memory.biases`).
+    included). ``attentional_bias`` is the inner loss (:mod:`titans_lm.memory.biases`; a name
+    or an ``AttentionalBias``).
     ``gradient_at="previous_token"`` takes token t's gradient at the decayed previous state
     (1 - alpha_t) P_{t-1} (after a reset: (1 - alpha_t) reset_to) instead of at P_start: online
     gradient descent in Gated DeltaNet's order. ``state_length`` is None or an int32 scalar in 0..T,

@@ -164,9 +164,12 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         uses it to return the state at the start of the chunk that a call ends inside.
         Supported by "reference" and "chunked"; "pallas" (and "auto" on GPU/TPU) run "chunked"
         when it is given.
-      attentional_bias: the inner loss l(f(k), v) (:mod:`titans_lm.memory.biases`): "l2"
-        (default, ||f(k) - v||^2) or "dot" (-2 <f(k), v>, Hebbian). Implementations "chunked" and
-        "reference" only (passed, like the next option, only when not the default).
+      attentional_bias: the inner loss l(f(k), v) (:mod:`titans_lm.memory.biases`): a name,
+        "l2" (default, ||f(k) - v||^2), "dot" (-2 <f(k), v>, Hebbian), "lp" (||f(k) - v||_p^p
+        with p = 2) or "huber" (delta = 1), or an ``AttentionalBias`` for another p or delta
+        (``titans_lm.memory.biases.get_bias("lp", p=3.0)``). Implementations "chunked" and
+        "reference" only (passed, like the next option, only when not the default, as an
+        ``AttentionalBias``).
       gradient_at: "chunk_start" (default: mini-batch gradient descent, above) or
         "previous_token": online gradient descent with token t's gradient taken at the decayed
         state just before its write, (1 - alpha_t) P_{t-1} (Gated DeltaNet's order; Titans takes
@@ -243,10 +246,11 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                              f"{jnp.shape(state_length)}")
         impl_options["state_length"] = state_length
     fn = get_implementation(impl)
-    _check_rule(fn, impl, model, attentional_bias, gradient_at, eta, running_mean,
+    bias = get_bias(attentional_bias)
+    _check_rule(fn, impl, model, bias.name, gradient_at, eta, running_mean,
                 impl_options.get("surprise_max_norm", 0.0))
-    if attentional_bias != DEFAULT_BIAS:
-        impl_options["attentional_bias"] = attentional_bias
+    if bias.name != DEFAULT_BIAS:
+        impl_options["attentional_bias"] = bias
     if gradient_at != GRADIENT_AT[0]:
         impl_options["gradient_at"] = gradient_at
     if _accepts(fn, "inside_starts"):
@@ -275,9 +279,9 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
 
 
 def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_max_norm):
-    """Raise ValueError for an attentional bias or gradient point that ``impl`` or the rest of
-    the configuration does not support (one message naming the cause and the fix)."""
-    get_bias(bias)
+    """Raise ValueError for an attentional bias (``bias``: its name) or gradient point that
+    ``impl`` or the rest of the configuration does not support (one message naming the cause and
+    the fix)."""
     if gradient_at not in GRADIENT_AT:
         raise ValueError(f"gradient_at must be one of {GRADIENT_AT}, got {gradient_at!r}")
     for name, value, default in (("attentional_bias", bias, DEFAULT_BIAS),
