@@ -33,7 +33,7 @@ MEMORY_DEFAULTS = dict(
     use_momentum=True, use_decay=True, theta_bias_init=0.0, eta_bias_init=2.0,
     alpha_bias_init=-6.0, use_conv=True, conv_kernel=4, qk_l2_norm=True, v_l2_norm=False,
     use_output_gate=True, read="after_write", read_running_mean=False, surprise_max_norm=0.0,
-    attentional_bias="l2", bias_p=3.0, huber_delta=1.0, feature_map="identity",
+    attentional_bias="l2", bias_p=3.0, huber_delta=1.0, feature_map="silu",
     feature_degree=2, read_normalizer=False, learned_w0=True,
     gradient_at="chunk_start", impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
 

@@ -256,11 +256,11 @@ FIELDS: dict[str, Field] = {
     "model.memory.huber_delta": _f("Threshold of the 'huber' bias: quadratic (l2) per "
                                    "coordinate within it, linear beyond.", POSITIVE,
                                    MEMORY_BACKBONES),
-    "model.memory.feature_map": _f("phi on q and k: 'identity' (the layer's SiLU), 'elu1' "
+    "model.memory.feature_map": _f("phi on q and k: 'silu' (the layer's SiLU, default), 'elu1' "
                                    "(elu + 1 instead of the SiLU; Katharopoulos et al. 2020) or "
                                    "'poly' (Atlas' monomials of degree 1..feature_degree; the "
                                    "memory's key width becomes C(head_dim + p, p) - 1).",
-                                   _one_of("identity", "elu1", "poly"), MEMORY_BACKBONES),
+                                   _one_of("silu", "elu1", "poly"), MEMORY_BACKBONES),
     "model.memory.feature_degree": _f("Degree p of the 'poly' feature map (1 = the identity).",
                                       ("an integer >= 1", lambda v: isinstance(v, int)
                                        and not isinstance(v, bool) and v >= 1),

@@ -114,7 +114,7 @@ class MemoryConfig:
       bias_p: the exponent p > 1 of the "lp" bias (2 is "l2"; MIRAS' Moneta: 3).
       huber_delta: the threshold delta > 0 of the "huber" bias, one constant per layer (MIRAS'
         Yaad makes it input-dependent; see docs/design.md).
-      feature_map: phi on q and k (:mod:`titans_lm.memory.features`): "identity" (the layer's
+      feature_map: phi on q and k (:mod:`titans_lm.memory.features`): "silu" (the layer's
         SiLU), "elu1" (elu + 1 in place of the SiLU; Katharopoulos et al. 2020) or "poly" (Atlas'
         polynomial features of degree 1..feature_degree after the SiLU and the l2 norm; the
         memory's key width becomes :attr:`key_width`).
@@ -189,7 +189,7 @@ class MemoryConfig:
     attentional_bias: str = "l2"
     bias_p: float = 3.0
     huber_delta: float = 1.0
-    feature_map: str = "identity"
+    feature_map: str = "silu"
     feature_degree: int = 2
     read_normalizer: bool = False
     learned_w0: bool = True

@@ -1,6 +1,7 @@
 """Feature maps phi on the memory's queries and keys (``MemoryConfig.feature_map``).
 
-    "identity"  phi(x) = x: q and k as the layer makes them (SiLU after the projection and conv)
+    "silu"      phi(x) = SiLU(x): q and k as the Titans and TTT layers make them (SiLU after the
+                projection and conv; the default)
     "elu1"      phi(x) = elu(x) + 1 > 0, applied to the projections (after the conv) in place of
                 the SiLU: Katharopoulos et al. 2020 (arXiv:2006.16236, eq. 7), whose positive
                 features keep linear attention's normaliser phi(q) z positive
@@ -12,7 +13,7 @@
                 a_i at their initial values 1/i!, here fixed; the Taylor series of exp(q . k)
                 less its constant term). Degree 1 is the identity exactly (c = 1).
 
-"identity" and "elu1" keep the width: [..., d] -> [..., d]. "poly" widens it to
+"silu" and "elu1" keep the width: [..., d] -> [..., d]. "poly" widens it to
 :func:`poly_width` (d, p) = C(d + p, p) - 1 ([..., d] -> [..., D]; d = 16, p = 2: 152; d = 64,
 p = 2: 2144), and the memory's key width d_k (the inner model's d_in, the first matrix of W0)
 follows. Atlas' phi_p also has the degree-0 monomial 1; here it is left out, since a constant
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 FEATURE_MAPS = {
-    "identity": jax.nn.silu,   # the layer's activation of q and k, unchanged
+    "silu": jax.nn.silu,       # the layer's activation of q and k
     "elu1": lambda x: jax.nn.elu(x) + 1,
     "poly": jax.nn.silu,       # the layer's activation, then the monomials (poly_features)
 }

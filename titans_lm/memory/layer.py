@@ -220,7 +220,7 @@ class NeuralMemory(nnx.Module):
                 new_tails.append(new_tail)
             return act(y).astype(idt)
 
-        phi = feature_map(cfg.feature_map)   # q and k: SiLU ("identity") or elu + 1
+        phi = feature_map(cfg.feature_map)   # q and k: SiLU, elu + 1, or SiLU then monomials ("poly")
         q = qkv(self.w_q, getattr(self, "conv_q", None), tails[0], phi)
         k = qkv(self.w_k, getattr(self, "conv_k", None), tails[1], phi)
         v = qkv(self.w_v, getattr(self, "conv_v", None), tails[2], jax.nn.silu)
