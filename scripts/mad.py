@@ -90,15 +90,18 @@ def run_point(point: Point, args, out: Path) -> dict:
         return json.loads(done.read_text())
     from titans_lm.eval.tasks import evaluate_task  # deliberate: jax loads only when a run is due
     t0 = time.perf_counter()
-    run = sweep.run_training(f"{REPO / 'configs' / 'tasks' / 'mad.py'}:{point.task}-{point.backbone}",
-                             workdir, point_overrides(point, args.protocol, steps=args.steps,
-                                                      batch_size=args.batch_size,
-                                                      test_examples=args.test_examples),
-                             flags=["--noeval_after"], log_path=workdir / "train.log", cwd=REPO)
+    config = f"{REPO / 'configs' / 'tasks' / 'mad.py'}:{point.task}-{point.backbone}"
+    overrides = point_overrides(point, args.protocol, steps=args.steps,
+                                batch_size=args.batch_size, test_examples=args.test_examples)
+    run = sweep.run_training(config, workdir, overrides, flags=["--noeval_after"],
+                             log_path=workdir / "train.log", cwd=REPO)
     rec = {**dataclasses.asdict(point), "model": point.backbone, "status": "ok"}
     if not run.ok:
         return {**rec, "status": f"train failed: {run.last_line}", "mad_acc": 0.0}
-    r = evaluate_task(workdir, log=lambda m: None)[0]
+    try:
+        r = evaluate_task(workdir, log=lambda m: None)[0]
+    except ValueError as e:
+        return {**rec, "status": f"eval failed: {e}", "mad_acc": 0.0}
     rec.update(mad_acc=r["mad_acc"], token_acc=r["token_acc"], n_answers=r["n_answers"],
                step=r["step"], wall_s=round(time.perf_counter() - t0, 1),
                final_train_loss=sweep.final_train_loss(workdir, 3))

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -37,3 +39,28 @@ def test_mad_score_is_the_mean_over_tasks_of_the_mean_over_settings_of_the_best_
     assert s["tasks"] == pytest.approx({"a": 80.0, "b": 50.0})
     assert s["mad"] == pytest.approx(65.0) and s["seeds"] == 2
     assert mad_scores(recs, tasks=["a", "b", "c"])["m"]["mad"] is None
+
+
+def test_a_mad_run_trains_on_its_targets_and_is_scored_by_mads_metric(tmp_path):
+    from pathlib import Path
+
+    from titans_lm.config import load_module
+    from titans_lm.eval.tasks import evaluate_task
+    from titans_lm.train.loop import train
+
+    mod = load_module(Path(__file__).resolve().parents[2] / "configs" / "tasks" / "mad.py")
+    c = mod.get_config("selective_copying-transformer")
+    c.task.update(vocab_size=8, seq_len=16, num_tokens_to_copy=4, num_train_examples=8,
+                  eval_examples=4, eval_batch_size=4)
+    c.model.update(d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    c.train.update(steps=2, batch_size=4, log_every=1, eval_every=2, eval_batches=1, ckpt_every=2)
+    c.eval.batch_size = 4
+    c.mesh.data = 1
+    assert (c.data.seq_len, c.data.vocab_size) == (16, 12)
+    train(c, tmp_path, progress=False, log=lambda m: None)
+    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["tokens"] for m in metrics if "loss" in m] == [16, 16]  # 4 rows x 4 copied tokens
+    (rec,) = evaluate_task(tmp_path, log=lambda m: None)
+    assert rec["setting"] == "baseline" and rec["n_answers"] == 16
+    assert 0 <= rec["mad_acc"] <= 1
+    assert "| setting |" in (tmp_path / "task_reset_step2.md").read_text()

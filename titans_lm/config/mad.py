@@ -86,7 +86,8 @@ def mad_architecture(c: ml_collections.ConfigDict) -> None:
     heads of 8 (MAD's mh-attention); a neural memory keeps its head_dim (n_heads automatic:
     width // head_dim)."""
     m = c.model
-    m.d_model, m.n_layers, m.d_ff = PROTOCOL["width"], PROTOCOL["n_layers"], PROTOCOL["swiglu_width"]
+    m.d_model, m.n_layers = PROTOCOL["width"], PROTOCOL["n_layers"]
+    m.d_ff = PROTOCOL["swiglu_width"]
     if "n_heads" in m:
         m.n_heads = PROTOCOL["attention_heads"]
     if "memory" in m:
@@ -123,7 +124,8 @@ def mad_task_config(spec: str, *, config_dir: str | Path) -> ml_collections.Conf
                   frac_noise=float(base.get("frac_noise", 0.0)),
                   noise_vocab_size=base.get("noise_vocab_size", 0),
                   num_tokens_to_copy=base.get("num_tokens_to_copy", 0),
-                  k_motif_size=base.get("k_motif_size", 1), v_motif_size=base.get("v_motif_size", 1),
+                  k_motif_size=base.get("k_motif_size", 1),
+                  v_motif_size=base.get("v_motif_size", 1),
                   eval_examples=NUM_TEST_EXAMPLES, eval_batch_size=128, eval_context="reset")
     c = task_config(task, backbone, config_dir=config_dir, vocab_size=0, seq_len=0, fields=fields)
     V, S = c.task.get_ref("vocab_size"), c.task.get_ref("seq_len")

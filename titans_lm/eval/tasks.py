@@ -189,11 +189,12 @@ def _grid(records: Sequence[dict]) -> tuple[list[str], list[str], dict]:
 
 def format_task_table(records: Sequence[dict], metric: str = "token_acc", title: str = "") -> str:
     """Markdown table of ``metric`` (in %): S-NIAH one row per depth and one column per length;
-    MQAR one row with a column per (length, pairs)."""
+    MQAR one row with a column per (length, pairs); a MAD task one row per setting."""
     rows, cols, cell = _grid(records)
+    label = ("task" if rows == ["MQAR"] else
+             "setting" if records and "setting" in records[0] else "depth")
     lines = ([title, ""] if title else []) + [
-        f"| {'depth' if rows and rows[0] != 'MQAR' else 'task'} | "
-        + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+        f"| {label} | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         vals = [cell.get((r, c)) for c in cols]
         lines.append(f"| {r} | " + " | ".join(f"{100 * v[metric]:.1f}" if v else "" for v in vals)

@@ -128,7 +128,8 @@ def fuzzy_in_context_recall(rng: np.random.Generator, vocab_size: int, seq_len: 
     half = n // 2
     _need(half >= km and n - half >= vm,
           f"fuzzy recall with vocab_size={V} has {half} key ids and {n - half} value ids; motifs "
-          f"of {km} / {vm} distinct tokens need vocab_size >= {1 + noise_vocab_size + 2 * max(km, vm)}")
+          f"of {km} / {vm} distinct tokens need vocab_size >= "
+          f"{1 + noise_vocab_size + 2 * max(km, vm)}")
     _need(S > 4 * (km + vm), f"fuzzy recall needs seq_len > 4 * (k_motif_size + v_motif_size) = "
                              f"{4 * (km + vm)}, got {S}")
 
@@ -213,8 +214,8 @@ def compression(rng: np.random.Generator, vocab_size: int, seq_len: int
 
     MAD's sequence is ``S - 1`` tokens of ``[0, V-1)`` and the compression token ``V - 1``, and
     its target is the sequence itself, decoded by MAD's encoder-decoder backbone from the last
-    position's state. A causal LM gets the sequence, then ``S`` position queries (ids ``V .. V+S-1``,
-    query ``i`` asks for token ``i``): inputs ``2S`` tokens, the last ``S`` targets scored (all
+    position's state. A causal LM gets the sequence, then ``S`` position queries (ids
+    ``V .. V+S-1``, query ``i`` asks for token ``i``): inputs ``2S`` tokens, the last ``S`` targets scored (all
     ``S`` tokens, as MAD scores them). The vocabulary is ``V + S``.
 
     Returns:
