@@ -22,9 +22,10 @@ Protocols (docs/mad.md):
   of batch ``--batch_size`` (default 16), the training set cut to ``steps x batch`` examples
   when MAD's is larger (one epoch), 128 test examples.
 
-Writes ``<out>/results.md`` (a row per backbone: the score of each task and the MAD score, the
-mean over the tasks, next to the Atlas paper's published rows), ``<out>/results.json`` (every
-point's record and the scores) and ``<out>/mad.png`` (bars per task and the average).
+Writes ``<out>/results.md`` (every point finished in ``<out>``, by this command or an earlier
+one: a row per backbone with the score of each task and the MAD score, the mean over the tasks,
+next to the Atlas paper's published rows), ``<out>/results.json`` (every point's record and the
+scores) and ``<out>/mad.png`` (bars per task and the average).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from titans_lm.bench import sweep  # noqa: E402
-from titans_lm.bench.mad import (PUBLISHED, Point, format_table, plot_scores, points,  # noqa: E402
-                                 point_overrides)
+from titans_lm.bench.mad import (PUBLISHED, REDUCED_LR, REDUCED_WD, Point,  # noqa: E402
+                                 format_table, plot_scores, point_overrides, points)
+from titans_lm.config.mad import PROTOCOL  # noqa: E402
 from titans_lm.bench.output import write_json  # noqa: E402
 from titans_lm.config.mad import MAD_TASKS  # noqa: E402
 from titans_lm.eval.mad import mad_scores  # noqa: E402
@@ -109,7 +111,23 @@ def run_point(point: Point, args, out: Path) -> dict:
     return rec
 
 
+def saved_records(out: Path, protocol: str) -> list[dict]:
+    """The records of every finished point of ``protocol`` under ``out`` (earlier commands'
+    backbones, tasks and seeds too), so the table covers everything run into the same folder."""
+    grid = {f"lr{lr:g}_wd{wd:g}" for lr, wd in
+            ([(REDUCED_LR, REDUCED_WD)] if protocol == "reduced" else
+             [(lr, wd) for lr in PROTOCOL["lrs"] for wd in PROTOCOL["weight_decays"]])}
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*/*/*/*/result.json"))
+            if p.parent.name.rsplit("_seed", 1)[0] in grid]
+
+
 def write_results(out: Path, records: list[dict], tasks: list[str], protocol: str) -> str:
+    """Writes the table, the JSON and the chart of ``records`` and the finished points saved
+    under ``out``. Returns the markdown."""
+    seen = {(r["backbone"], r["task"], r["setting"], r["lr"], r["weight_decay"], r["seed"])
+            for r in records}
+    records = records + [r for r in saved_records(out, protocol) if (
+        r["backbone"], r["task"], r["setting"], r["lr"], r["weight_decay"], r["seed"]) not in seen]
     scores = mad_scores([r for r in records if r["status"] == "ok"], tasks=tasks)
     md = format_table(scores, tasks, protocol)
     (out / "results.md").write_text(md)
