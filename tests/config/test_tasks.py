@@ -39,3 +39,17 @@ def test_niah_config():
 def test_unknown_backbone_names_the_valid_ones():
     with pytest.raises(ValueError, match="unknown backbone 'lstm'.*transformer"):
         _load("mqar").get_config("lstm")
+
+
+@pytest.mark.parametrize("backbone", ["transformer", "lmm", "mac", "ttt_linear"])
+def test_mad_config_puts_the_backbone_in_mads_architecture_and_run(backbone):
+    c = _load("mad").get_config(f"fuzzy_in_context_recall-{backbone}")
+    validate(c)
+    m = c.model
+    assert (m.d_model, m.n_layers, m.d_ff, m.tie_embeddings) == (128, 2, 352, False)
+    assert m.get("n_heads", 16) == 16 and ("memory" not in m or m.memory.n_heads == 0)
+    assert (c.data.seq_len, c.data.vocab_size) == (128, 20)
+    assert (c.train.batch_size, c.train.steps, c.optim.lr, c.optim.warmup_steps) == (
+        128, 20000, 5e-4, 0)
+    assert eval_settings(c) == [{"length": 128, "setting": "baseline"}]
+    assert task_spec(c).mad.k_motif_size == 3

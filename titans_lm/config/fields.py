@@ -25,6 +25,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from titans_lm.config.mad import MAD_TASKS
+
 TRANSFORMER = ("transformer",)  # Transformer++ (configs/transformer.py and configs/swa.py)
 TTT = ("ttt_linear", "ttt_mlp")
 TITANS = ("lmm", "mac", "mag", "mal")
@@ -32,7 +34,7 @@ LINEAR_RNN = ("linear_attention", "deltanet", "gated_deltanet")  # titans_lm.mod
 MEMORY_BACKBONES = TITANS + TTT + LINEAR_RNN
 BACKBONES = TRANSFORMER + MEMORY_BACKBONES
 ATTENTION = TRANSFORMER + ("mac", "mag", "mal")  # backbones with attention layers
-TASKS = ("mqar", "niah")
+TASKS = ("mqar", "niah") + MAD_TASKS
 
 # Fields that the shared shell (``titans_lm.config.presets.set_shell``) sets in every config, also
 # for backbones that do not read them: a backbone without attention keeps the RoPE base unread.
@@ -298,7 +300,24 @@ FIELDS: dict[str, Field] = {
                             _int_tuple(0), ("niah",)),
     "task.eval_depths": _f("S-NIAH: needle depths (percent) evaluated at each length.",
                            _int_tuple(0), ("niah",)),
-    "task.eval_lengths": _f("Sequence lengths of the evaluation.", _int_tuple(1), TASKS),
+    "task.setting": _f("MAD: the setting's label (baseline or the difficulty change, e.g. "
+                       "seq_len=512), named in the results.", ("", None), MAD_TASKS),
+    "task.vocab_size": _f("MAD: the task's vocabulary V (data.vocab_size follows: V + 4, plus "
+                          "the position queries of compression).", _ints(2), MAD_TASKS),
+    "task.seq_len": _f("MAD: the task's sequence length S (data.seq_len follows).", _ints(2),
+                       MAD_TASKS),
+    "task.num_train_examples": _f("MAD: examples of the fixed training set (read in a new order "
+                                  "each epoch).", _ints(1), MAD_TASKS),
+    "task.frac_noise": _f("MAD noisy recall: probability that a pair is noise.",
+                          ("0 <= x < 1", lambda x: 0 <= x < 1), MAD_TASKS),
+    "task.noise_vocab_size": _f("MAD noisy recall: ids of the noise vocabulary (within V).",
+                                NON_NEGATIVE, MAD_TASKS),
+    "task.num_tokens_to_copy": _f("MAD selective copying: tokens to copy.", NON_NEGATIVE,
+                                  MAD_TASKS),
+    "task.k_motif_size": _f("MAD fuzzy recall: longest key motif.", _ints(1), MAD_TASKS),
+    "task.v_motif_size": _f("MAD fuzzy recall: longest value motif.", _ints(1), MAD_TASKS),
+    "task.eval_lengths": _f("Sequence lengths of the evaluation.", _int_tuple(1),
+                            ("mqar", "niah")),
     "task.eval_examples": _f("Evaluation rows per setting.", _ints(1), TASKS),
     "task.eval_batch_size": _f("Evaluation batch.", _ints(1), TASKS),
     "task.eval_context": _f("Default evaluation context (titans_lm.eval.tasks).", EVAL_CONTEXTS,

@@ -33,7 +33,8 @@ SECTIONS = {
 # configs on the Transformer++ (``configs/tasks/<task>.py:transformer``).
 BACKBONE_FILES = ("transformer", "swa", "lmm", "mac", "mag", "mal", "ttt_linear", "ttt_mlp",
                   "linear_attention", "deltanet", "gated_deltanet")
-TASK_FILES = ("mqar", "niah")
+TASK_FILES = ("mqar", "niah", "mad")
+TASK_ARGS = {"mad": "in_context_recall-transformer"}  # the argument of each, default "transformer"
 COMMAND = "titans-lm config --explain --format=md > docs/config.md"
 
 
@@ -62,7 +63,8 @@ def reference_configs(config_dir: str | Path) -> dict[str, ml_collections.Config
     config_dir = Path(config_dir)
     out = {name: load(config_dir / f"{name}.py", "tiny") for name in BACKBONE_FILES}
     for task in TASK_FILES:
-        out[f"tasks/{task}"] = load(config_dir / "tasks" / f"{task}.py", "transformer")
+        out[f"tasks/{task}"] = load(config_dir / "tasks" / f"{task}.py",
+                                    TASK_ARGS.get(task, "transformer"))
     return out
 
 

@@ -8,6 +8,8 @@ prediction at an answer is the argmax of the logits given the true prefix.
 - ``exact_match``: the fraction of rows whose answer tokens are all right (S-NIAH: RULER's exact
   match of the value; with teacher forcing, all answer tokens right is exactly what greedy
   decoding of the answer would produce).
+- ``mad_acc`` (MAD tasks): MAD's accuracy, macro-averaged over classes (``titans_lm.eval.mad``);
+  a MAD row's ``targets`` field holds its targets (not always the next input).
 
 How a row longer than one model call is run (``context``):
 
@@ -45,7 +47,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from titans_lm.data.tasks import eval_settings, task_rows, task_spec
+from titans_lm.data.tasks import MAD_TASKS, eval_settings, task_rows, task_spec
+from titans_lm.eval.mad import class_counts, macro_accuracy
 from titans_lm.eval.exported import is_export, read_config as read_export_config
 from titans_lm.eval.restore import load_run
 from titans_lm.eval.streaming import stream_init_fn
@@ -71,12 +74,13 @@ def answer_accuracy(predictions_BL: np.ndarray, batch: dict[str, np.ndarray]) ->
       ValueError: shapes that do not match.
     """
     tokens, mask = np.asarray(batch["tokens"]), np.asarray(batch["loss_mask"])
+    targets = np.asarray(batch.get("targets", tokens))  # MAD: targets that are not the next input
     preds = np.asarray(predictions_BL)
     if preds.shape != (tokens.shape[0], tokens.shape[1] - 1) or mask.shape != tokens.shape:
         raise ValueError(f"predictions {preds.shape} do not match tokens {tokens.shape} / "
                          f"loss_mask {mask.shape}: expected [B, L] with [B, L+1]")
     m = mask[:, 1:] != 0
-    right = (preds == tokens[:, 1:]) & m
+    right = (preds == targets[:, 1:]) & m
     n_ans, n_right = int(m.sum()), int(right.sum())
     rows = int(np.all(right | ~m, axis=1).sum())
     return {"n_rows": int(tokens.shape[0]), "n_answers": n_ans, "correct_tokens": n_right,
@@ -140,17 +144,24 @@ def carry_predictions(model: Any, inputs_BL: np.ndarray, segment_ids_BL: np.ndar
 
 
 def task_accuracy(run: Callable[..., np.ndarray], fn: Any, batches: Sequence[dict[str, np.ndarray]],
-                  window: int) -> dict[str, float]:
+                  window: int, num_classes: int | None = None) -> dict[str, float]:
     """Accuracy summed over ``batches`` with the driver ``run`` (one of the three above) and its
-    window-level ``fn``; same keys as :func:`answer_accuracy`."""
+    window-level ``fn``; same keys as :func:`answer_accuracy`, and with ``num_classes`` (MAD)
+    ``mad_acc``, MAD's macro-averaged accuracy (:mod:`titans_lm.eval.mad`)."""
     tot = {"n_rows": 0, "n_answers": 0, "correct_tokens": 0, "correct_rows": 0}
+    counts = None if num_classes is None else np.zeros((3, num_classes), np.int64)
     for b in batches:
         preds = run(fn, b["tokens"][:, :-1], b["segment_ids"][:, :-1], window)
         a = answer_accuracy(preds, b)
         for k in tot:
             tot[k] += a[k]
+        if counts is not None:
+            counts += class_counts(preds, b.get("targets", b["tokens"])[:, 1:],
+                                   b["loss_mask"][:, 1:] != 0, num_classes)
     tot["token_acc"] = tot["correct_tokens"] / max(tot["n_answers"], 1)
     tot["exact_match"] = tot["correct_rows"] / max(tot["n_rows"], 1)
+    if counts is not None:
+        tot["mad_acc"] = macro_accuracy(counts)
     return tot
 
 
@@ -160,6 +171,8 @@ DRIVERS = {"reset": reset_predictions, "whole": whole_predictions, "carry": carr
 # -------------------------------------------------------------------------------- tables, plots
 
 def _col_key(r: dict) -> str:
+    if "setting" in r:
+        return str(r["setting"])
     return f"{r['pairs']} pairs" if "pairs" in r else f"depth {r['depth']:g}%"
 
 
@@ -176,11 +189,12 @@ def _grid(records: Sequence[dict]) -> tuple[list[str], list[str], dict]:
 
 def format_task_table(records: Sequence[dict], metric: str = "token_acc", title: str = "") -> str:
     """Markdown table of ``metric`` (in %): S-NIAH one row per depth and one column per length;
-    MQAR one row with a column per (length, pairs)."""
+    MQAR one row with a column per (length, pairs); a MAD task one row per setting."""
     rows, cols, cell = _grid(records)
+    label = ("task" if rows == ["MQAR"] else
+             "setting" if records and "setting" in records[0] else "depth")
     lines = ([title, ""] if title else []) + [
-        f"| {'depth' if rows and rows[0] != 'MQAR' else 'task'} | "
-        + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+        f"| {label} | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         vals = [cell.get((r, c)) for c in cols]
         lines.append(f"| {r} | " + " | ".join(f"{100 * v[metric]:.1f}" if v else "" for v in vals)
@@ -322,7 +336,9 @@ def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | N
         if max_length is not None and setting["length"] > max_length:
             continue
         batches = eval_batches_for(cfg, setting, n_examples=n_examples, batch_size=batch_size)
-        acc = task_accuracy(DRIVERS[context], fn, batches, window)
+        mad = cfg.data.task in MAD_TASKS
+        acc = task_accuracy(DRIVERS[context], fn, batches, window,
+                            int(cfg.data.vocab_size) if mad else None)
         rec = {**setting, "context": context, "task": cfg.data.task,
                "variant": cfg.task.get("variant", "") if cfg.data.task == "niah" else "",
                "model_name": cfg.model.name, "window": window, "step": step, **acc}
@@ -331,7 +347,8 @@ def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | N
             f"token acc {100 * acc['token_acc']:.1f}%, exact match {100 * acc['exact_match']:.1f}%")
     title = (f"{cfg.data.task} {cfg.task.get('variant', '') if cfg.data.task == 'niah' else ''} "
              f"{cfg.model.name} step {step}, context {context} (training window {window})")
-    metric = "token_acc" if cfg.data.task == "mqar" else "exact_match"
+    metric = ("token_acc" if cfg.data.task == "mqar" else
+              "mad_acc" if cfg.data.task in MAD_TASKS else "exact_match")
     if jax.process_index() == 0 and records:
         stem = workdir / task_result_stem(context, step, max_length)
         stem.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")

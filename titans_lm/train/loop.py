@@ -49,7 +49,7 @@ from titans_lm.config import validate
 from titans_lm.data.pipeline import make_train_iterator
 from titans_lm.data.prepare import prepare
 from titans_lm.data.stream_pipeline import StreamIterator
-from titans_lm.data.tasks import TaskData
+from titans_lm.data.tasks import MAD_TASKS, TaskData
 from titans_lm.data.windows import document_windows
 from titans_lm.progress import hms, terminal_columns, timestamp
 from titans_lm.train import sharding as shd
@@ -342,6 +342,14 @@ def _run(cfg, workdir: Path, state, it: Iterator, ckpt: Checkpointer, fns, tx, s
                       stop, log, progress)
 
 
+def batch_task_fields(task: str) -> tuple[str, ...]:
+    """The batch fields a task adds: ``loss_mask``, and ``targets`` where the targets are not
+    the next tokens (MAD)."""
+    if not task:
+        return ()
+    return ("loss_mask", "targets") if task in MAD_TASKS else ("loss_mask",)
+
+
 def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh, data,
            start: int, end: int, result: TrainResult, stop: _StopFlag, log: Log,
            progress: bool) -> TrainResult:
@@ -352,7 +360,7 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                              compute_dtype=tcfg.compute_dtype, remat=cfg.model.get("remat", "none"))
     batch_spec = {k: jax.ShapeDtypeStruct((tcfg.batch_size, T + 1), np.int32,
                                           sharding=shd.batch_sharding(mesh))
-                  for k in ("tokens", "segment_ids") + (("loss_mask",) if cfg.data.get("task") else ())}
+                  for k in ("tokens", "segment_ids") + batch_task_fields(cfg.data.get("task", ""))}
     compiled = compile_announced(step_fn, state, batch_spec, log=log,
                                  what=f"train step ({tcfg.batch_size} x {T} tokens)")
     eval_fn = Announced(jit_eval_step(fns, state_sh.params, mesh),

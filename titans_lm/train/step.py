@@ -44,13 +44,15 @@ def split_batch(batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array, jax.Arra
 
     ``weights_BT`` is float32 (1.0 for a scored target, 0.0 otherwise), by the contract above;
     a batch with an int ``loss_mask`` [B, T+1] (the synthetic tasks) scores only the targets
-    ``t`` with ``loss_mask[:, t + 1] != 0`` among them.
+    ``t`` with ``loss_mask[:, t + 1] != 0`` among them; one with ``targets`` [B, T+1] (MAD:
+    targets that are not the next input) takes target ``t`` from ``targets[:, t + 1]``.
     """
     tokens, seg = batch["tokens"], batch["segment_ids"]
     weights = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
     if "loss_mask" in batch:  # synthetic tasks (titans_lm.data.tasks): only the answers count
         weights = weights & (batch["loss_mask"][:, 1:] != 0)
-    return tokens[:, :-1], tokens[:, 1:], seg[:, :-1], weights.astype(jnp.float32)
+    targets = batch["targets"][:, 1:] if "targets" in batch else tokens[:, 1:]
+    return tokens[:, :-1], targets, seg[:, :-1], weights.astype(jnp.float32)
 
 
 def loss_sums(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from titans_lm.data.corpora import load_documents
+from titans_lm.data.tasks.mad_settings import epoch_order, mad_rows
 from titans_lm.data.tasks.mqar import mqar_example
 from titans_lm.data.tasks.niah import NiahVocab, niah_example, text_to_tokens
 from titans_lm.data.tasks.spec import TaskSpec, task_spec
@@ -42,10 +43,16 @@ def task_rows(spec: TaskSpec, split: str, seed: int, index: Sequence[int], n_row
     Training rows (``num_pairs`` / ``depth`` None) draw MQAR's pairs from ``spec.train_pairs``
     and S-NIAH's depth uniformly from ``spec.train_depths``; evaluation sets pass them.
 
+    A MAD task (``spec.mad``) draws its examples ``0 .. n_rows - 1`` of ``split`` instead
+    (:func:`titans_lm.data.tasks.mad_settings.mad_rows`; ``index`` unused), with a ``"targets"``
+    row as well.
+
     Returns:
       ``{"tokens", "segment_ids", "loss_mask"}`` int32[n_rows, seq_len + 1] (segment id 1
       everywhere), plus ``"depth"`` float64[n_rows] (S-NIAH: realised depth; MQAR: nan).
     """
+    if spec.mad is not None:
+        return mad_rows(spec.mad, example_rng, split, seed, range(n_rows))
     toks = np.zeros((n_rows, seq_len + 1), np.int32)
     mask = np.zeros_like(toks)
     depths = np.full(n_rows, np.nan)
@@ -67,9 +74,11 @@ def task_rows(spec: TaskSpec, split: str, seed: int, index: Sequence[int], n_row
 class TaskIterator:
     """The infinite training batches of a task: batch ``i`` is :func:`task_rows` with index
     ``(i,)`` (global rows; this process keeps its contiguous share), so the state is the batch
-    counter and resuming is exact.
+    counter and resuming is exact. A MAD task reads its fixed training set of
+    ``num_train_examples`` examples in a new shuffled order each epoch
+    (:func:`titans_lm.data.tasks.mad_settings.epoch_order`).
 
-    ``next(it)`` -> ``{"tokens", "segment_ids", "loss_mask"}`` int32[B_local, T + 1];
+    ``next(it)`` -> ``{"tokens", "segment_ids", "loss_mask"[, "targets"]}`` int32[B_local, T + 1];
     ``get_state()`` -> ``{"batch": i}``; ``set_state(state)`` restores it.
     """
 
@@ -87,6 +96,11 @@ class TaskIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
+        if self.spec.mad is not None:
+            ids = epoch_order(self.seed, self.spec.mad.num_train_examples, self._batch,
+                              self.batch_size)[self._rows]
+            self._batch += 1
+            return row_fields(mad_rows(self.spec.mad, example_rng, "train", self.seed, ids))
         b = task_rows(self.spec, "train", self.seed, (self._batch,), self.batch_size, self.seq_len)
         self._batch += 1
         return {k: b[k][self._rows] for k in ("tokens", "segment_ids", "loss_mask")}
@@ -105,9 +119,19 @@ def task_validation_batches(spec: TaskSpec, *, seq_len: int, batch_size: int, n_
     bsz = -(-batch_size // multiple) * multiple
     out = []
     for i in range(n_batches):
+        if spec.mad is not None:
+            out.append(row_fields(mad_rows(spec.mad, example_rng, "validation", seed,
+                                           range(i * bsz, (i + 1) * bsz))))
+            continue
         b = task_rows(spec, "validation", seed, (i,), bsz, seq_len)
         out.append({k: b[k] for k in ("tokens", "segment_ids", "loss_mask")})
     return out
+
+
+def row_fields(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The batch fields of task rows: ``tokens``, ``segment_ids``, ``loss_mask`` and, where the
+    targets are not the next tokens (MAD), ``targets``."""
+    return {k: rows[k] for k in ("tokens", "segment_ids", "loss_mask", "targets") if k in rows}
 
 
 @dataclasses.dataclass(frozen=True)
