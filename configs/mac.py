@@ -12,6 +12,10 @@ at the paper sizes, with ``data.doc_align`` raised to 512 for the same reason (d
 to multiples of 512 tokens; with a smaller alignment, documents stay isolated but one starting
 inside a segment gets a shorter first segment).
 
+``model.memory_input``: what the memory is written and read with ("attention_output", the paper;
+"segment_input", a deviation: docs/design.md). ``model.memory_ablation``: an evaluation switch
+that zeroes the retrieval h and/or the gated read.
+
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
 ``titans_lm.config.backbones.titans_config``.
 """
@@ -40,6 +44,8 @@ def get_config(size: str = "tiny"):
     c = titans_config("mac", size, _PAPER)
     c.model.memory_layers = "all"
     c.model.segment_len = 64 if c.model.size == "tiny" else 512
+    c.model.memory_input = "attention_output"  # the paper's wiring; "segment_input": docs/design.md
+    c.model.memory_ablation = "none"  # an evaluation probe (titans_lm.models.mac)
     if c.model.size != "tiny":
         c.data.doc_align = c.model.segment_len  # documents start on segment starts
     return c

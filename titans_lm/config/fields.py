@@ -180,6 +180,16 @@ FIELDS: dict[str, Field] = {
                               "attention alone.", MEMORY_LAYERS, ("mac", "mag", "mal")),
     "model.segment_len": _f("MAC segment length (a multiple of model.memory.chunk_size).",
                             _ints(1), ("mac",)),
+    "model.memory_input": _f("What MAC's memory is written and read with: 'attention_output' "
+                             "(the paper: keys/values and the gated read's queries from the "
+                             "attention output y) or 'segment_input' (a deviation: written with "
+                             "the segment input x and read with x; docs/design.md).",
+                             _one_of("attention_output", "segment_input"), ("mac",)),
+    "model.memory_ablation": _f("Evaluation switch that zeroes a path of MAC's memory: 'none', "
+                                "'retrieval' (the retrieved h tokens), 'gated_read' (the read "
+                                "M*(.) in the output gate) or 'both'; the memory is still "
+                                "written. Overridable at eval time.",
+                                _one_of("none", "retrieval", "gated_read", "both"), ("mac",)),
     # model.memory: the NeuralMemory layer (titans_lm.memory.config.MemoryConfig)
     "model.memory.n_heads": _f("Memory heads (0 = d_model / head_dim).", NON_NEGATIVE,
                                MEMORY_BACKBONES),

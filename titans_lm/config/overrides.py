@@ -25,6 +25,7 @@ EVAL_OVERRIDABLE = (
     "model.remat",
     "model.memory.impl",  # engine implementation: chunked | reference | pallas (same math)
     "model.memory.chunks_per_checkpoint",
+    "model.memory_ablation",  # MAC: zero the retrieval h and/or the gated read (an ablation probe)
     "eval.batch_size", "eval.max_docs",
     "mesh.data", "mesh.fsdp", "mesh.tensor",
 )
