@@ -57,3 +57,26 @@ def test_help_shows_every_default():
         after = text.rsplit(flag, 1)[1].split(" --", 1)[0]  # its help under "options:"
         assert after.endswith(f"(default: {default})"), after
     assert "(default: None)" not in text
+
+
+def test_ablations_parse_and_tabulate(tmp_path, capsys):
+    assert long_context.parse_args(["--ablate=retrieval,gated_read"]).ablate == (
+        "retrieval", "gated_read")
+    assert long_context.parse_args([]).ablate == ()
+    with pytest.raises(SystemExit):
+        long_context.parse_args(["--ablate=none"])
+    assert "retrieval, gated_read, both" in capsys.readouterr().err
+
+    def rec(context, length, em):
+        return {"task": "niah", "context": context, "length": length, "depth": 50.0,
+                "exact_match": em}
+    records = [rec("carry", 128, 0.5), rec("carry", 256, 0.25)]
+    results = [{"task": "niah", "backbone": "mac", "status": "ok", "final_train_loss": 0.5,
+                "params": 10, "records": records,
+                "ablations": {"none": {"records": records, "answer_loss": 0.5},
+                              "retrieval": {"records": [rec("carry", 128, 0.125)],
+                                            "answer_loss": 1.25}}}]
+    md = long_context.write_results(tmp_path, results, ("carry",))
+    table = md.split("### niah mac: memory ablations")[1]
+    assert "| none | 0.500 | +0.000 | 50.0 | 25.0 |" in table
+    assert "| retrieval | 1.250 | +0.750 | 12.5 | - |" in table
