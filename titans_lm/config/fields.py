@@ -128,7 +128,8 @@ FIELDS: dict[str, Field] = {
                           "(fresh optimiser, step 0); '' = from the seed."),
     "train.log_every": _f("Steps between training log lines (metrics.jsonl).", _ints(1)),
     "train.eval_every": _f("Steps between validation evaluations.", _ints(1)),
-    "train.eval_batches": _f("Batches of each validation evaluation.", _ints(1)),
+    "train.eval_batches": _f("Batches of each validation evaluation (with train.carry_state also "
+                             "the window batches of the carried validation).", _ints(1)),
     "train.ckpt_every": _f("Steps between checkpoints.", _ints(1)),
     "train.keep_checkpoints": _f("Checkpoints kept (older ones are deleted).", _ints(1)),
     # optim: AdamW with warmup and cosine decay
