@@ -2,7 +2,7 @@
 
     python scripts/long_context.py                                   # every backbone, MQAR, 300 steps
     python scripts/long_context.py --backbones=transformer,lmm --tasks=mqar --steps=200
-    python scripts/long_context.py --tasks=niah --context=reset,carry --window=32
+    python scripts/long_context.py --tasks=niah --context=reset,carry --window=32 --segment_len=32
 
 For each task x backbone, ``titans-lm train --config=configs/tasks/<task>.py:<backbone>`` runs in
 its own process with the same shape overrides (``--d_model``, ``--n_layers``; ``n_heads`` = d_model
@@ -17,9 +17,12 @@ query at each (length, pairs); S-NIAH: exact match at each (length, depth)) in e
 - ``whole``: one parallel call over the whole row (the training path at a longer length);
 - ``carry``: the window-by-window stateful path (needs the stateful model API).
 
-``--window`` sets the attention window of every backbone that has one (the SWA control's, MAG's
-and MAL's ``model.window``, MAC's ``model.segment_len``), so a memory is asked to recall beyond
-it within the training length; Transformer++ keeps full attention.
+``--window`` sets the sliding attention window (``model.window``) of the SWA control, MAG and MAL:
+each token sees the ``W`` tokens before it. ``--segment_len`` sets MAC's segment length
+(``model.segment_len``): a token sees only the earlier tokens of its own segment (0 to N - 1 of
+them), so MAC's attention never reaches further back than the sliding window's when N = W, and
+half as far on average. Each is asked to recall beyond its attention within the training length
+through its memory; Transformer++ keeps full attention.
 
 ``--ablate`` (comma-separated values of MAC's ``model.memory_ablation``: retrieval, gated_read,
 both) scores every MAC run again with that path of its memory zeroed (an eval-time override; the
@@ -81,9 +84,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", default="reset", type=contexts,
                    help="comma-separated evaluation contexts: reset, whole, carry (one table each)")
     p.add_argument("--window", type=int, default=None,
-                   help="attention window of every backbone that has one (model.window of swa, "
-                        "mag, mal; model.segment_len of mac); Transformer++ keeps full attention "
-                        "(default: each config's)")
+                   help="sliding attention window (model.window) of swa, mag and mal; "
+                        "Transformer++ keeps full attention (default: each config's)")
+    p.add_argument("--segment_len", type=int, default=None,
+                   help="MAC's segment length (model.segment_len), a multiple of its memory's "
+                        "chunk size (default: the config's)")
     p.add_argument("--ablate", default="", type=ablations,
                    help="comma-separated MAC memory ablations to score each MAC run with "
                         "(retrieval, gated_read, both; default: none)")
@@ -146,11 +151,10 @@ def overrides(args, backbone: str, task: str) -> dict[str, object]:
                             "mesh.data": 1}
     if "n_heads" in model:
         o["model.n_heads"] = max(1, args.d_model // 32)
-    if args.window is not None:
-        if model.get("window", 0) > 0:
-            o["model.window"] = args.window
-        if "segment_len" in model:
-            o["model.segment_len"] = args.window
+    if args.window is not None and model.get("window", 0) > 0:
+        o["model.window"] = args.window
+    if args.segment_len is not None and "segment_len" in model:
+        o["model.segment_len"] = args.segment_len
     if args.lr is not None:
         o["optim.lr"] = args.lr
     if args.vocab_size is not None:

@@ -11,12 +11,15 @@ from titans_lm.config import load_module
 long_context = load_module(REPO / "scripts" / "long_context.py")
 
 
-def test_window_sets_every_attention_window_but_full_attention():
-    args = long_context.parse_args(["--window=32", "--d_model=64", "--set=data.seq_len=64"])
+def test_window_sets_the_sliding_windows_and_segment_len_macs_segments():
+    args = long_context.parse_args(["--window=32", "--segment_len=48", "--d_model=64",
+                                    "--set=data.seq_len=64"])
     o = {b: long_context.overrides(args, b, "mqar") for b in long_context.BACKBONES}
     for b in ("swa", "mag", "mal"):
         assert o[b]["model.window"] == 32 and "model.segment_len" not in o[b]
-    assert o["mac"]["model.segment_len"] == 32 and "model.window" not in o["mac"]
+    assert o["mac"]["model.segment_len"] == 48 and "model.window" not in o["mac"]
+    alone = long_context.overrides(long_context.parse_args(["--window=32"]), "mac", "mqar")
+    assert "model.segment_len" not in alone
     for b in ("transformer", "ttt_linear", "lmm"):
         assert "model.window" not in o[b] and "model.segment_len" not in o[b]
     assert all(o[b]["data.seq_len"] == "64" for b in o)
