@@ -226,8 +226,8 @@ def ablation_table(rows: list[dict], metric: str) -> list[str]:
             cell = {f"{x['context']} {setting_label(x)}": f"{100 * x[metric]:.1f}"
                     for x in a["records"]}
             loss = a.get("answer_loss")
-            change = "-" if loss is None or base is None else f"{loss - base:+.3f}"
-            md.append(f"| {name} | {'-' if loss is None else f'{loss:.3f}'} | {change} | "
+            change = "-" if loss is None or base is None else f"{loss - base:+.4f}"
+            md.append(f"| {name} | {'-' if loss is None else f'{loss:.4f}'} | {change} | "
                       + " | ".join(cell.get(lab, "-") for lab in labels) + " |")
         md.append("")
     return md

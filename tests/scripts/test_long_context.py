@@ -81,5 +81,5 @@ def test_ablations_parse_and_tabulate(tmp_path, capsys):
                                             "answer_loss": 1.25}}}]
     md = long_context.write_results(tmp_path, results, ("carry",))
     table = md.split("### niah mac: memory ablations")[1]
-    assert "| none | 0.500 | +0.000 | 50.0 | 25.0 |" in table
-    assert "| retrieval | 1.250 | +0.750 | 12.5 | - |" in table
+    assert "| none | 0.5000 | +0.0000 | 50.0 | 25.0 |" in table
+    assert "| retrieval | 1.2500 | +0.7500 | 12.5 | - |" in table
