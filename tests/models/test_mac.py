@@ -174,9 +174,13 @@ def _stateful_mixers():
                            param_dtype="float64", theta_max=0.5, alpha_bias_init=-2.0)
         attention = lambda: ContextAttention(16, 2, n_persistent=2, dtype=jnp.float64,  # noqa: E731
                                              param_dtype=jnp.float64, init_std=0.3, rngs=rngs)
-        mac = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(),
-                       GatedCombine(16, dtype=jnp.float64, param_dtype=jnp.float64, rngs=rngs), NS)
-        return {"mac": mac, "segment_attention": SegmentAttentionMixer(attention(), NS)}
+        combine = lambda: GatedCombine(16, dtype=jnp.float64, param_dtype=jnp.float64,  # noqa: E731
+                                       rngs=rngs)
+        mac = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(), combine(), NS)
+        mac_x = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(), combine(), NS,
+                         memory_input="segment_input")
+        return {"mac": mac, "mac_segment_input": mac_x,
+                "segment_attention": SegmentAttentionMixer(attention(), NS)}
 
 
 @_cache
@@ -197,8 +201,9 @@ def _run_calls(name, x, cuts):
     return jnp.concatenate(ys, axis=1), state
 
 
-# MAC itself: tests/models/test_stateful.py (split calls, decode); here the segment attention alone.
-@pytest.mark.parametrize("name", ["segment_attention"])
+# MAC itself: tests/models/test_stateful.py (split calls, decode); here the segment attention and
+# the segment-input wiring (its write conv tail holds projections of x).
+@pytest.mark.parametrize("name", ["segment_attention", "mac_segment_input"])
 def test_split_calls_and_token_by_token_equal_one_call(name):
     """Splits inside a chunk (3), at a chunk start inside a segment (4, 12), at segment starts
     (8, 16), inside a segment (13, 21), all in one stream; calls that span segment starts and a
