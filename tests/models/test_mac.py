@@ -1,5 +1,6 @@
 """Titans MAC backbone: segment-wise retrieval, attention over [persistent || h || segment], write
-with the attention output, read after each token's own write."""
+with the attention output (the paper) or the segment input (the configs' default), read after each
+token's own write; the ablation switch."""
 
 import jax
 import jax.numpy as jnp
@@ -68,10 +69,10 @@ def test_retrieval_for_segment_n_depends_only_on_earlier_segments():
 
 
 def test_read_after_own_write():
-    """M*(y_t) equals a read after writing exactly y_1..y_t of the segment into the state left by
+    """The paper's wiring: M*(y_t) equals a read after writing exactly y_1..y_t of the segment into the state left by
     the earlier segments (no later write reaches it)."""
     with jax.enable_x64(True):
-        mixer = _mixer(memory__use_conv=False)
+        mixer = _mixer(memory__use_conv=False, memory_input="attention_output")
         mem = mixer.memory
         x = jax.random.normal(jax.random.key(1), (1, 128, 32), jnp.float64)
         ids = jnp.ones((1, 128), jnp.int32)
@@ -131,7 +132,7 @@ def test_config_fields_and_errors():
     assert _mixer("float32", n_persistent=0).attention.persistent is None
     with pytest.raises(ValueError, match="multiple of model.memory.chunk_size"):
         build(small_model_cfg("mac", "float32", segment_len=24))
-    assert cfg.memory_input == "attention_output" and cfg.memory_ablation == "none"
+    assert cfg.memory_input == "segment_input" and cfg.memory_ablation == "none"
     with pytest.raises(ValueError, match="memory_input"):
         build(small_model_cfg("mac", "float32", memory_input="x"))
 
@@ -176,11 +177,8 @@ def _stateful_mixers():
                                              param_dtype=jnp.float64, init_std=0.3, rngs=rngs)
         combine = lambda: GatedCombine(16, dtype=jnp.float64, param_dtype=jnp.float64,  # noqa: E731
                                        rngs=rngs)
-        mac = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(), combine(), NS)
-        mac_x = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(), combine(), NS,
-                         memory_input="segment_input")
-        return {"mac": mac, "mac_segment_input": mac_x,
-                "segment_attention": SegmentAttentionMixer(attention(), NS)}
+        mac = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(), combine(), NS)  # the paper's
+        return {"mac": mac, "segment_attention": SegmentAttentionMixer(attention(), NS)}
 
 
 @_cache
@@ -201,9 +199,10 @@ def _run_calls(name, x, cuts):
     return jnp.concatenate(ys, axis=1), state
 
 
-# MAC itself: tests/models/test_stateful.py (split calls, decode); here the segment attention and
-# the segment-input wiring (its write conv tail holds projections of x).
-@pytest.mark.parametrize("name", ["segment_attention", "mac_segment_input"])
+# MAC as configured (memory_input="segment_input"): tests/models/test_stateful.py (split calls,
+# decode); here the segment attention and the paper's wiring (its write conv tail holds
+# projections of the attention output).
+@pytest.mark.parametrize("name", ["segment_attention", "mac"])
 def test_split_calls_and_token_by_token_equal_one_call(name):
     """Splits inside a chunk (3), at a chunk start inside a segment (4, 12), at segment starts
     (8, 16), inside a segment (13, 21), all in one stream; calls that span segment starts and a

@@ -40,7 +40,7 @@ What the memory is written and read with (``memory_input``, :data:`MEMORY_INPUTS
 
 * ``"attention_output"`` (the paper, above): the write's keys/values and the gated read's queries
   come from the attention output y, and the gate is o = y ⊗ M*(y).
-* ``"segment_input"`` (a deviation from the paper): the memory is written with the segment input x
+* ``"segment_input"`` (a deviation from the paper; the default of ``configs/mac.py``): the memory is written with the segment input x
   (keys and values from x, chunked GD, as the LMM writes its input) and the gated read queries it
   with x after each token's own write: o = y ⊗ M*(x). The retrieval h (from x) and the attention
   are unchanged. What the memory holds then does not depend on the attention's output, whose
