@@ -2,7 +2,8 @@
 tiny | 170m | 340m | 400m | 760m.
 
 The hybrid of ``titans_lm.models.mac``: per segment, retrieval from the memory left by earlier
-segments, attention over [persistent || retrieved || segment], write with the attention output;
+segments, attention over [persistent || retrieved || segment], write with the segment input (the
+paper writes with the attention output: ``--config.model.memory_input=attention_output``);
 N_p persistent tokens per MAC layer. ``model.memory_layers`` ("all", "none" or indices) says which
 layers carry memory; the others run the same segment attention without a memory.
 
@@ -11,6 +12,10 @@ starts on a segment start and a packed document computes exactly what it would a
 at the paper sizes, with ``data.doc_align`` raised to 512 for the same reason (documents are padded
 to multiples of 512 tokens; with a smaller alignment, documents stay isolated but one starting
 inside a segment gets a shorter first segment).
+
+``model.memory_input``: what the memory is written and read with ("segment_input", the default,
+a deviation from the paper; "attention_output", the paper's wiring: docs/design.md). ``model.memory_ablation``: an evaluation switch
+that zeroes the retrieval h and/or the gated read.
 
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
 ``titans_lm.config.backbones.titans_config``.
@@ -40,6 +45,11 @@ def get_config(size: str = "tiny"):
     c = titans_config("mac", size, _PAPER)
     c.model.memory_layers = "all"
     c.model.segment_len = 64 if c.model.size == "tiny" else 512
+    # A deviation from the paper (its wiring: "attention_output"): the memory is written and read
+    # with the segment input; with the paper's wiring the tiny MAC learned to ignore its memory
+    # (docs/results/mac-memory.md).
+    c.model.memory_input = "segment_input"
+    c.model.memory_ablation = "none"  # an evaluation probe (titans_lm.models.mac)
     if c.model.size != "tiny":
         c.data.doc_align = c.model.segment_len  # documents start on segment starts
     return c

@@ -2,7 +2,7 @@
 
     python scripts/long_context.py                                   # every backbone, MQAR, 300 steps
     python scripts/long_context.py --backbones=transformer,lmm --tasks=mqar --steps=200
-    python scripts/long_context.py --tasks=niah --context=reset,carry --window=32
+    python scripts/long_context.py --tasks=niah --context=reset,carry --window=32 --segment_len=32
 
 For each task x backbone, ``titans-lm train --config=configs/tasks/<task>.py:<backbone>`` runs in
 its own process with the same shape overrides (``--d_model``, ``--n_layers``; ``n_heads`` = d_model
@@ -17,9 +17,18 @@ query at each (length, pairs); S-NIAH: exact match at each (length, depth)) in e
 - ``whole``: one parallel call over the whole row (the training path at a longer length);
 - ``carry``: the window-by-window stateful path (needs the stateful model API).
 
-``--window`` sets the attention window of every backbone that has one (the SWA control's, MAG's
-and MAL's ``model.window``, MAC's ``model.segment_len``), so a memory is asked to recall beyond
-it within the training length; Transformer++ keeps full attention.
+``--window`` sets the sliding attention window (``model.window``) of the SWA control, MAG and MAL:
+each token sees the ``W`` tokens before it. ``--segment_len`` sets MAC's segment length
+(``model.segment_len``): a token sees only the earlier tokens of its own segment (0 to N - 1 of
+them), so MAC's attention never reaches further back than the sliding window's when N = W, and
+half as far on average. Each is asked to recall beyond its attention within the training length
+through its memory; Transformer++ keeps full attention.
+
+``--ablate`` (comma-separated values of MAC's ``model.memory_ablation``: retrieval, gated_read,
+both) scores every MAC run again with that path of its memory zeroed (an eval-time override; the
+memory is still written and carried): the same settings and contexts, plus the mean NLL of the
+answer tokens at the training length (``titans_lm.eval.tasks.answer_loss``) with and without the
+ablation. One more table: exact match and answer loss per ablation.
 
 ``--max_length`` skips longer settings (e.g. ``--max_length=256`` keeps only lengths within the
 training window, where all three contexts agree). Rerunning with the same ``--out`` resumes
@@ -75,9 +84,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", default="reset", type=contexts,
                    help="comma-separated evaluation contexts: reset, whole, carry (one table each)")
     p.add_argument("--window", type=int, default=None,
-                   help="attention window of every backbone that has one (model.window of swa, "
-                        "mag, mal; model.segment_len of mac); Transformer++ keeps full attention "
-                        "(default: each config's)")
+                   help="sliding attention window (model.window) of swa, mag and mal; "
+                        "Transformer++ keeps full attention (default: each config's)")
+    p.add_argument("--segment_len", type=int, default=None,
+                   help="MAC's segment length (model.segment_len), a multiple of its memory's "
+                        "chunk size (default: the config's)")
+    p.add_argument("--ablate", default="", type=ablations,
+                   help="comma-separated MAC memory ablations to score each MAC run with "
+                        "(retrieval, gated_read, both; default: none)")
     p.add_argument("--max_length", type=int, default=None,
                    help="skip longer eval settings (default: none skipped)")
     p.add_argument("--eval_examples", type=int, default=None,
@@ -106,6 +120,24 @@ def contexts(text: str) -> tuple[str, ...]:
     return names
 
 
+ABLATIONS = ("retrieval", "gated_read", "both")
+
+
+def ablations(text: str) -> tuple[str, ...]:
+    """Parses ``--ablate``: comma-separated values of MAC's ``model.memory_ablation`` (not
+    "none", which every run is scored with anyway).
+
+    Raises:
+      argparse.ArgumentTypeError: an unknown name.
+    """
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in ABLATIONS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a comma-separated list of {', '.join(ABLATIONS)}")
+    return names
+
+
 def overrides(args, backbone: str, task: str) -> dict[str, object]:
     from titans_lm.config.tasks import load_backbone_config
     model = load_backbone_config(backbone, REPO / "configs").model
@@ -119,11 +151,10 @@ def overrides(args, backbone: str, task: str) -> dict[str, object]:
                             "mesh.data": 1}
     if "n_heads" in model:
         o["model.n_heads"] = max(1, args.d_model // 32)
-    if args.window is not None:
-        if model.get("window", 0) > 0:
-            o["model.window"] = args.window
-        if "segment_len" in model:
-            o["model.segment_len"] = args.window
+    if args.window is not None and model.get("window", 0) > 0:
+        o["model.window"] = args.window
+    if args.segment_len is not None and "segment_len" in model:
+        o["model.segment_len"] = args.segment_len
     if args.lr is not None:
         o["optim.lr"] = args.lr
     if args.vocab_size is not None:
@@ -171,10 +202,35 @@ def write_results(out: Path, results: list[dict], contexts: tuple[str, ...]) -> 
             md.append("")
             plot_comparison(out / f"{task}_{context}.png", rows, labels, metric,
                             f"{task} {metric} (%), context {context}")
+        md += ablation_table([r for r in results if r["task"] == task and r.get("ablations")],
+                             metric)
     text = "\n".join(md)
     (out / "results.md").write_text(text)
     write_json(out / "results.json", results)
     return text
+
+
+def ablation_table(rows: list[dict], metric: str) -> list[str]:
+    """Markdown lines: per run and ablation ("none" first), ``metric`` (%) per context and setting
+    and the answer loss at the training length with its change against "none"."""
+    md = []
+    for r in rows:
+        abl = r["ablations"]
+        labels = list(dict.fromkeys(f"{x['context']} {setting_label(x)}"
+                                    for a in abl.values() for x in a["records"]))
+        md += [f"### {r['task']} {r['backbone']}: memory ablations, {metric} (%) and answer loss",
+               "", "| ablation | answer loss | change | " + " | ".join(labels) + " |",
+               "|---|---:|---:|" + "---:|" * len(labels)]
+        base = abl.get("none", {}).get("answer_loss")
+        for name, a in abl.items():
+            cell = {f"{x['context']} {setting_label(x)}": f"{100 * x[metric]:.1f}"
+                    for x in a["records"]}
+            loss = a.get("answer_loss")
+            change = "-" if loss is None or base is None else f"{loss - base:+.4f}"
+            md.append(f"| {name} | {'-' if loss is None else f'{loss:.4f}'} | {change} | "
+                      + " | ".join(cell.get(lab, "-") for lab in labels) + " |")
+        md.append("")
+    return md
 
 
 def plot_comparison(path: Path, rows: list[dict], labels: list[str], metric: str, title: str):
@@ -190,7 +246,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's read-only checkpoint notices
-    from titans_lm.eval.tasks import evaluate_task
+    from titans_lm.eval.tasks import answer_loss, evaluate_task
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tasks = args.tasks.split(",")
@@ -212,6 +268,9 @@ def main(argv=None) -> int:
                     workdir, context=args.context, max_length=args.max_length,
                     log=lambda m: print(m, file=sys.stderr, flush=True))
                 row["params"] = count_params(workdir)
+                if args.ablate and backbone == "mac":
+                    row["ablations"] = score_ablations(workdir, args, evaluate_task, answer_loss,
+                                                       row["records"])
             except ValueError as e:
                 row["status"] = f"eval failed: {e}"
         return row
@@ -222,6 +281,19 @@ def main(argv=None) -> int:
     print(json.dumps(results, indent=1))
     print(write_results(out, results, args.context), file=sys.stderr)
     return 0
+
+
+def score_ablations(workdir: Path, args, evaluate_task, answer_loss, records: list[dict]
+                    ) -> dict[str, dict]:
+    """{"none" and each of ``args.ablate``: {"records", "answer_loss"}} of one MAC run."""
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    out = {"none": {"records": records, "answer_loss": answer_loss(workdir)["answer_loss"]}}
+    for a in args.ablate:
+        o = {"model.memory_ablation": a}
+        out[a] = {"records": evaluate_task(workdir, context=args.context,
+                                           max_length=args.max_length, log=log, overrides=o),
+                  "answer_loss": answer_loss(workdir, overrides=o)["answer_loss"]}
+    return out
 
 
 def count_params(workdir: Path) -> int:

@@ -4,6 +4,7 @@ read as their old meaning; the refusal names each field."""
 
 from pathlib import Path
 
+from _backbones import load_config
 from _tiny_run import tiny_config
 from titans_lm.config.compat import ABSENT_MEANS, config_differences, format_differences
 from titans_lm.config.serialize import config_json, config_to_json_dict
@@ -23,10 +24,18 @@ def test_fields_absent_from_old_checkpoints_read_as_their_old_meaning(tmp_path):
     saved = config_to_json_dict(tiny_config(tmp_path))
     for field in ABSENT_MEANS:
         section, leaf = field.split(".")
-        del saved[section][leaf]
+        saved[section].pop(leaf, None)
     assert config_differences(saved, tiny_config(tmp_path)) == []
     assert config_differences(saved, tiny_config(tmp_path, data__streamed=True)) == [
         ("data.streamed", False, True)]
+    mac = load_config("mac")  # MAC's own fields, added later: the paper's wiring, no ablation
+    mac.model.memory_input, mac.model.memory_ablation = "attention_output", "none"
+    saved = config_to_json_dict(mac)
+    del saved["model"]["memory_input"], saved["model"]["memory_ablation"]
+    assert config_differences(saved, mac) == []
+    mac.model.memory_input = "segment_input"
+    assert config_differences(saved, mac) == [("model.memory_input", "attention_output",
+                                               "segment_input")]
 
 
 def test_refusal_names_each_field(tmp_path):

@@ -1,5 +1,6 @@
 """Titans MAC backbone: segment-wise retrieval, attention over [persistent || h || segment], write
-with the attention output, read after each token's own write."""
+with the attention output (the paper) or the segment input (the configs' default), read after each
+token's own write; the ablation switch."""
 
 import jax
 import jax.numpy as jnp
@@ -68,10 +69,10 @@ def test_retrieval_for_segment_n_depends_only_on_earlier_segments():
 
 
 def test_read_after_own_write():
-    """M*(y_t) equals a read after writing exactly y_1..y_t of the segment into the state left by
+    """The paper's wiring: M*(y_t) equals a read after writing exactly y_1..y_t of the segment into the state left by
     the earlier segments (no later write reaches it)."""
     with jax.enable_x64(True):
-        mixer = _mixer(memory__use_conv=False)
+        mixer = _mixer(memory__use_conv=False, memory_input="attention_output")
         mem = mixer.memory
         x = jax.random.normal(jax.random.key(1), (1, 128, 32), jnp.float64)
         ids = jnp.ones((1, 128), jnp.int32)
@@ -88,6 +89,38 @@ def test_read_after_own_write():
                                        atol=1e-12)
 
 
+def test_segment_input_writes_and_reads_the_segment_input():
+    """memory_input="segment_input": M*(x_t) after writing exactly x_1..x_t of the segment."""
+    with jax.enable_x64(True):
+        mixer = _mixer(memory__use_conv=False, memory_input="segment_input")
+        mem = mixer.memory
+        x = jax.random.normal(jax.random.key(1), (1, 128, 32), jnp.float64)
+        ids = jnp.ones((1, 128), jnp.int32)
+        _, aux = _COLLECT(mixer, x, ids)
+        n, t = 2, 21
+        state = jax.tree.map(lambda a: a[n], aux["state_in"])
+        from titans_lm.nn.stream import fresh_stream_state, make_stream
+        stream, _ = make_stream(ids[:, :t + 1], fresh_stream_state(1), fresh=True)
+        w, _ = mem.project(x[:, n * N:n * N + t + 1], stream)
+        reads, _ = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, None)
+        np.testing.assert_allclose(reads[:, :, t], aux["m_reads"][n][:, :, t], rtol=1e-10,
+                                   atol=1e-12)
+
+
+def test_ablating_both_paths_cuts_the_earlier_segments_off():
+    """memory_ablation="both": a segment's output no longer depends on earlier segments (they
+    reach it only through the memory); "retrieval" alone keeps the gated read's dependence."""
+    with jax.enable_x64(True):
+        x = jax.random.normal(jax.random.key(2), (1, 128, 32), jnp.float64)
+        ids = jnp.ones((1, 128), jnp.int32)
+        moved = x.at[:, 3].add(1.0)   # a token of segment 0
+        for ablation, depends in (("both", False), ("retrieval", True), ("gated_read", True)):
+            mixer = _mixer(memory_ablation=ablation)
+            diff = float(jnp.abs(_COLLECT(mixer, x, ids)[0][:, N:]
+                                 - _COLLECT(mixer, moved, ids)[0][:, N:]).max())
+            assert (diff > 1e-8) == depends, (ablation, diff)
+
+
 def test_config_fields_and_errors():
     cfg = load_config("mac").model
     assert cfg.segment_len == 64 and cfg.n_persistent == 4 and cfg.memory_layers == "all"
@@ -99,6 +132,9 @@ def test_config_fields_and_errors():
     assert _mixer("float32", n_persistent=0).attention.persistent is None
     with pytest.raises(ValueError, match="multiple of model.memory.chunk_size"):
         build(small_model_cfg("mac", "float32", segment_len=24))
+    assert cfg.memory_input == "segment_input" and cfg.memory_ablation == "none"
+    with pytest.raises(ValueError, match="memory_input"):
+        build(small_model_cfg("mac", "float32", memory_input="x"))
 
 
 def test_tiny_config_memory_stays_finite_at_initialisation():
@@ -139,8 +175,9 @@ def _stateful_mixers():
                            param_dtype="float64", theta_max=0.5, alpha_bias_init=-2.0)
         attention = lambda: ContextAttention(16, 2, n_persistent=2, dtype=jnp.float64,  # noqa: E731
                                              param_dtype=jnp.float64, init_std=0.3, rngs=rngs)
-        mac = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(),
-                       GatedCombine(16, dtype=jnp.float64, param_dtype=jnp.float64, rngs=rngs), NS)
+        combine = lambda: GatedCombine(16, dtype=jnp.float64, param_dtype=jnp.float64,  # noqa: E731
+                                       rngs=rngs)
+        mac = MACMixer(NeuralMemory(cfg, rngs=rngs), attention(), combine(), NS)  # the paper's
         return {"mac": mac, "segment_attention": SegmentAttentionMixer(attention(), NS)}
 
 
@@ -162,8 +199,10 @@ def _run_calls(name, x, cuts):
     return jnp.concatenate(ys, axis=1), state
 
 
-# MAC itself: tests/models/test_stateful.py (split calls, decode); here the segment attention alone.
-@pytest.mark.parametrize("name", ["segment_attention"])
+# MAC as configured (memory_input="segment_input"): tests/models/test_stateful.py (split calls,
+# decode); here the segment attention and the paper's wiring (its write conv tail holds
+# projections of the attention output).
+@pytest.mark.parametrize("name", ["segment_attention", "mac"])
 def test_split_calls_and_token_by_token_equal_one_call(name):
     """Splits inside a chunk (3), at a chunk start inside a segment (4, 12), at segment starts
     (8, 16), inside a segment (13, 21), all in one stream; calls that span segment starts and a

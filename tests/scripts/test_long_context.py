@@ -11,12 +11,15 @@ from titans_lm.config import load_module
 long_context = load_module(REPO / "scripts" / "long_context.py")
 
 
-def test_window_sets_every_attention_window_but_full_attention():
-    args = long_context.parse_args(["--window=32", "--d_model=64", "--set=data.seq_len=64"])
+def test_window_sets_the_sliding_windows_and_segment_len_macs_segments():
+    args = long_context.parse_args(["--window=32", "--segment_len=48", "--d_model=64",
+                                    "--set=data.seq_len=64"])
     o = {b: long_context.overrides(args, b, "mqar") for b in long_context.BACKBONES}
     for b in ("swa", "mag", "mal"):
         assert o[b]["model.window"] == 32 and "model.segment_len" not in o[b]
-    assert o["mac"]["model.segment_len"] == 32 and "model.window" not in o["mac"]
+    assert o["mac"]["model.segment_len"] == 48 and "model.window" not in o["mac"]
+    alone = long_context.overrides(long_context.parse_args(["--window=32"]), "mac", "mqar")
+    assert "model.segment_len" not in alone
     for b in ("transformer", "ttt_linear", "lmm"):
         assert "model.window" not in o[b] and "model.segment_len" not in o[b]
     assert all(o[b]["data.seq_len"] == "64" for b in o)
@@ -57,3 +60,26 @@ def test_help_shows_every_default():
         after = text.rsplit(flag, 1)[1].split(" --", 1)[0]  # its help under "options:"
         assert after.endswith(f"(default: {default})"), after
     assert "(default: None)" not in text
+
+
+def test_ablations_parse_and_tabulate(tmp_path, capsys):
+    assert long_context.parse_args(["--ablate=retrieval,gated_read"]).ablate == (
+        "retrieval", "gated_read")
+    assert long_context.parse_args([]).ablate == ()
+    with pytest.raises(SystemExit):
+        long_context.parse_args(["--ablate=none"])
+    assert "retrieval, gated_read, both" in capsys.readouterr().err
+
+    def rec(context, length, em):
+        return {"task": "niah", "context": context, "length": length, "depth": 50.0,
+                "exact_match": em}
+    records = [rec("carry", 128, 0.5), rec("carry", 256, 0.25)]
+    results = [{"task": "niah", "backbone": "mac", "status": "ok", "final_train_loss": 0.5,
+                "params": 10, "records": records,
+                "ablations": {"none": {"records": records, "answer_loss": 0.5},
+                              "retrieval": {"records": [rec("carry", 128, 0.125)],
+                                            "answer_loss": 1.25}}}]
+    md = long_context.write_results(tmp_path, results, ("carry",))
+    table = md.split("### niah mac: memory ablations")[1]
+    assert "| none | 0.5000 | +0.0000 | 50.0 | 25.0 |" in table
+    assert "| retrieval | 1.2500 | +0.7500 | 12.5 | - |" in table

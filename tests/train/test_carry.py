@@ -6,6 +6,8 @@ mid-document continues exactly."""
 from __future__ import annotations
 
 import functools
+import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,8 @@ from titans_lm.config.serialize import config_to_json_dict
 from titans_lm.train import sharding as shd
 from titans_lm.train.carry import batch_leaves, model_state_shardings
 from titans_lm.train.state import init_params, model_fns
-from titans_lm.train.step import carried_nll_sum, loss_sums, split_batch
+from titans_lm.train.step import carried_nll_sum, eval_step, loss_sums, split_batch
+from titans_lm.train.validation import carried_validation_batches, make_carried_validation
 
 T = 64  # window; memory chunk 16, MAC segment 32, attention window 24 (tests/_backbones.py)
 F64 = jnp.dtype("float64")
@@ -142,6 +145,28 @@ def test_the_carried_state_is_sharded_like_the_batch(models):
     assert stream.position.shape == () and stream.last_segment_id.shape == (4,)
 
 
+def test_carried_validation_streams_the_documents_with_the_state_carried(models):
+    """The carried validation's first window batch scores as the reset one (the state is still
+    the initial one); its second, run from the state the first left, does not."""
+    fns, params = models["lmm"]
+    rng = np.random.default_rng(5)
+    docs = [np.concatenate([[2], rng.integers(4, VOCAB, 2 * T + n)]).astype(np.int32)
+            for n in (0, 7, 3)]
+    store = types.SimpleNamespace(num_docs=len(docs), doc_tokens=lambda d: docs[d])
+    batches = carried_validation_batches(store, seq_len=T, batch_size=2, n_batches=2, multiple=1)
+    assert len(batches) == 2 and batches[0]["tokens"].shape == (2, T + 1)
+    np.testing.assert_array_equal(batches[1]["tokens"][0], docs[0][T:2 * T + 1])
+    mesh = shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+    with jax.enable_x64(True):
+        score = make_carried_validation(
+            fns, shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh), mesh, 2)
+        reset = [float(eval_step(params, b, fns=fns)[0]) for b in batches]
+        first, n_first = score(params, batches[:1])
+        both, n_both = score(params, batches)
+    assert first == pytest.approx(reset[0], rel=1e-5) and n_first == 2 * T
+    assert n_both == 4 * T and abs((both - first) - reset[1]) > 1e-4 * reset[1]  # 10x the tolerance
+
+
 def test_carry_state_config_errors(tmp_path):
     cfg = tiny_config(tmp_path, train__carry_state=True, train__grad_accum=2)
     with pytest.raises(ValueError, match="train.carry_state.*grad_accum"):
@@ -186,6 +211,11 @@ def test_carry_state_run_resumed_mid_document_is_exact(tmp_path):
     second = train(_lmm_run_config(cache, train__steps=4), tmp_path / "b", progress=False)
     assert (straight.status, first.status, second.status) == ("completed", "stopped", "completed")
     assert {**first.losses, **second.losses} == straight.losses
+    # the validation at the end scores the carried windows next to the reset ones
+    assert set(straight.val_losses_carried) == set(straight.val_losses) == {4}
+    val = [r for r in map(json.loads, (tmp_path / "a" / "metrics.jsonl").read_text().splitlines())
+           if "val_loss" in r]
+    assert val and val[-1]["val_loss_carried"] == pytest.approx(straight.val_losses_carried[4])
 
     cfg = _lmm_run_config(cache, train__steps=4)
     fns = model_fns(cfg.model)
@@ -222,6 +252,7 @@ def test_streamed_batches_without_carried_state(tmp_path):
                           "shuffled": dict(train__carry_state=False)}.items():
         r = train(_lmm_run_config(cache, train__steps=2, **changes), tmp_path / name, progress=False)
         assert r.status == "completed"
+        assert bool(r.val_losses_carried) == (name == "carry")
         losses[name] = r.losses
     assert losses["streamed"][1] == pytest.approx(losses["carry"][1], rel=1e-6)
     assert abs(losses["streamed"][2] - losses["carry"][2]) > 1e-4

@@ -23,8 +23,10 @@ DATA_FIELDS_CHECKED = ("corpus", "vocab_size", "tokenizer_sentences", "seq_len",
                        "shuffle_seed", "streamed")
 TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
 # Checked fields added after checkpoints were first written: their value in a checkpoint that
-# predates them (so that older runs still resume).
-ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False}
+# predates them (so that older runs still resume). A backbone's own field (MAC's) counts only
+# where the requested config has it.
+ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False,
+                "model.memory_input": "attention_output", "model.memory_ablation": "none"}
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -46,7 +48,8 @@ def config_differences(saved: Mapping[str, Any], requested: ml_collections.Confi
     A field present on one side only counts as different (shown as ``<absent>``).
     """
     want = _flatten(config_to_json_dict(requested))
-    have = {**ABSENT_MEANS, **_flatten(saved)}
+    have = {**{k: v for k, v in ABSENT_MEANS.items() if not k.startswith("model.") or k in want},
+            **_flatten(saved)}
     keys = {k for k in set(want) | set(have) if k.startswith("model.")}
     keys |= {f"data.{f}" for f in DATA_FIELDS_CHECKED} | {f"train.{f}" for f in TRAIN_FIELDS_CHECKED}
     diffs = []

@@ -131,7 +131,8 @@ FIELDS: dict[str, Field] = {
                           "(fresh optimiser, step 0); '' = from the seed."),
     "train.log_every": _f("Steps between training log lines (metrics.jsonl).", _ints(1)),
     "train.eval_every": _f("Steps between validation evaluations.", _ints(1)),
-    "train.eval_batches": _f("Batches of each validation evaluation.", _ints(1)),
+    "train.eval_batches": _f("Batches of each validation evaluation (with train.carry_state also "
+                             "the window batches of the carried validation).", _ints(1)),
     "train.ckpt_every": _f("Steps between checkpoints.", _ints(1)),
     "train.keep_checkpoints": _f("Checkpoints kept (older ones are deleted).", _ints(1)),
     # optim: AdamW with warmup and cosine decay
@@ -183,6 +184,16 @@ FIELDS: dict[str, Field] = {
                               "attention alone.", MEMORY_LAYERS, ("mac", "mag", "mal")),
     "model.segment_len": _f("MAC segment length (a multiple of model.memory.chunk_size).",
                             _ints(1), ("mac",)),
+    "model.memory_input": _f("What MAC's memory is written and read with: 'attention_output' "
+                             "(the paper: keys/values and the gated read's queries from the "
+                             "attention output y) or 'segment_input' (a deviation: written with "
+                             "the segment input x and read with x; docs/design.md).",
+                             _one_of("attention_output", "segment_input"), ("mac",)),
+    "model.memory_ablation": _f("Evaluation switch that zeroes a path of MAC's memory: 'none', "
+                                "'retrieval' (the retrieved h tokens), 'gated_read' (the read "
+                                "M*(.) in the output gate) or 'both'; the memory is still "
+                                "written. Overridable at eval time.",
+                                _one_of("none", "retrieval", "gated_read", "both"), ("mac",)),
     # model.memory: the NeuralMemory layer (titans_lm.memory.config.MemoryConfig)
     "model.memory.n_heads": _f("Memory heads (0 = d_model / head_dim).", NON_NEGATIVE,
                                MEMORY_BACKBONES),

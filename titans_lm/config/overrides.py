@@ -25,6 +25,7 @@ EVAL_OVERRIDABLE = (
     "model.remat",
     "model.memory.impl",  # engine implementation: chunked | reference | pallas (same math)
     "model.memory.chunks_per_checkpoint",
+    "model.memory_ablation",  # MAC: zero the retrieval h and/or the gated read (an ablation probe)
     "eval.batch_size", "eval.max_docs",
     "mesh.data", "mesh.fsdp", "mesh.tensor",
 )
@@ -107,9 +108,9 @@ def apply_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Mapping[str,
 def result_suffix(overrides: Mapping[str, str], saved: ml_collections.ConfigDict) -> str:
     """The part of an eval result's name that tells the overrides that change the scores apart:
     ``""`` when none differs from the checkpoint's ``saved`` config, else e.g. ``"_seq_len1024"``
-    or ``"_seq_len1024_dtype-bfloat16"``."""
+    or ``"_seq_len1024_dtype-bfloat16"`` (``"_memory_ablation-retrieval"`` for a MAC ablation)."""
     parts = []
-    for field in ("data.seq_len", "model.dtype", "model.memory.impl"):
+    for field in ("data.seq_len", "model.dtype", "model.memory.impl", "model.memory_ablation"):
         if field not in overrides:
             continue
         try:

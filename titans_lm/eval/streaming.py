@@ -27,16 +27,14 @@ the memory.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from titans_lm.config import PAD_ID
 from titans_lm.eval.perplexity import PerplexityTotals, score_batch, text_counts
-from titans_lm.data.windows import document_windows, num_windows
+from titans_lm.data.windows import assign_rows, num_windows, stream_batches
 from titans_lm.models.lm import continued
 from titans_lm.progress import Progress
 from titans_lm.train import sharding as shd
@@ -69,67 +67,6 @@ def make_carry_step(fns: ModelFns) -> tuple[Callable, Callable]:
         nll, n = score_batch(logits, batch)
         return nll, n, state
     return stream_init_fn(fns), jax.jit(step, donate_argnums=1)
-
-
-def assign_rows(window_counts: Sequence[int], n_rows: int) -> tuple[list[list[int]], int]:
-    """Which row streams which document: documents in order, each to the row that frees first.
-
-    Args:
-      window_counts: windows of each document (0 for a document with nothing to score).
-      n_rows: batch rows.
-
-    Returns:
-      ``(rows, n_steps)``: ``rows[r]`` lists the document indices row ``r`` streams, in order;
-      ``n_steps`` the number of window steps until every row is done. Ties go to the lowest row.
-    """
-    if n_rows < 1:
-        raise ValueError(f"n_rows must be >= 1, got {n_rows}")
-    heap = [(0, r) for r in range(n_rows)]
-    rows: list[list[int]] = [[] for _ in range(n_rows)]
-    for d, n in enumerate(window_counts):
-        if n <= 0:
-            continue
-        t, r = heapq.heappop(heap)
-        rows[r].append(d)
-        heapq.heappush(heap, (t + int(n), r))
-    return rows, max(t for t, _ in heap)
-
-
-def stream_batches(docs_tokens: Sequence[np.ndarray], *, seq_len: int, n_rows: int
-                   ) -> Iterator[dict[str, np.ndarray]]:
-    """The window batches of carry mode, one per step (see the module docstring).
-
-    Args:
-      docs_tokens: one int token array per document, each beginning with BOS.
-      seq_len: T. n_rows: batch rows.
-
-    Yields:
-      ``{"tokens": int32[n_rows, T+1], "segment_ids": int32[n_rows, T+1]}``; row ``r`` of
-      consecutive batches holds consecutive windows of its documents
-      (:func:`titans_lm.data.windows.document_windows`, segment id ``d + 1`` for document ``d``),
-      padding rows (all 0) once its documents are done.
-
-    Raises:
-      ValueError: see :func:`document_windows`.
-    """
-    counts = [num_windows(len(t), seq_len) for t in docs_tokens]
-    rows, n_steps = assign_rows(counts, n_rows)
-    queues = [list(reversed(r)) for r in rows]
-    current: list[tuple[np.ndarray, np.ndarray] | None] = [None] * n_rows
-    cursor = [0] * n_rows
-    for _ in range(n_steps):
-        tokens = np.full((n_rows, seq_len + 1), PAD_ID, np.int32)
-        segs = np.zeros((n_rows, seq_len + 1), np.int32)
-        for r in range(n_rows):
-            if current[r] is None or cursor[r] >= len(current[r][0]):
-                current[r], cursor[r] = None, 0
-                if queues[r]:
-                    d = queues[r].pop()
-                    current[r] = document_windows(docs_tokens[d], seq_len, segment_id=d + 1)
-            if current[r] is not None:
-                tokens[r], segs[r] = current[r][0][cursor[r]], current[r][1][cursor[r]]
-                cursor[r] += 1
-        yield {"tokens": tokens, "segment_ids": segs}
 
 
 def stream_rows(n_docs: int, batch_size: int, mesh) -> int:

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from titans_lm.config.overrides import result_suffix
 from titans_lm.data.tasks import MAD_TASKS, eval_settings, task_rows, task_spec
 from titans_lm.eval.mad import class_counts, macro_accuracy
 from titans_lm.eval.exported import is_export, read_config as read_export_config
@@ -300,19 +301,60 @@ def evaluate_task(workdir: str | Path, step: int | None = None, *,
     if default not in CONTEXTS:
         raise ValueError(f"task.eval_context {default!r} is not a context; valid: "
                          f"{', '.join(CONTEXTS)}")
+    suffix = result_suffix(overrides or {}, run.saved_cfg)
     records = []
     for c in contexts:
-        records += _evaluate_context(run, c or default, workdir, max_length, log)
+        records += _evaluate_context(run, c or default, workdir, max_length, log, suffix)
     return records
 
 
-def task_result_stem(context: str, step: int, max_length: int | None = None) -> str:
-    """``task_<context>_step<step>[_upto<max_length>]``: the result files' name without suffix."""
-    return f"task_{context}_step{int(step)}" + ("" if max_length is None else f"_upto{max_length}")
+def task_result_stem(context: str, step: int, max_length: int | None = None,
+                     suffix: str = "") -> str:
+    """``task_<context>_step<step>[_upto<max_length>]<suffix>``: the result files' name without
+    extension; ``suffix`` tells eval-time overrides apart
+    (:func:`titans_lm.config.overrides.result_suffix`)."""
+    return (f"task_{context}_step{int(step)}" + ("" if max_length is None else f"_upto{max_length}")
+            + suffix)
+
+
+def answer_loss(workdir: str | Path, step: int | None = None, *,
+                overrides: dict[str, str] | None = None) -> dict[str, float]:
+    """Mean NLL (nats) of the answer tokens (``loss_mask``) of the evaluation rows at the training
+    length ``data.seq_len``, one call per batch from the initial state, over every setting of
+    the task's evaluation grid at that length (S-NIAH: each depth); the loss the task trains.
+
+    Returns ``{"answer_loss", "n_answers"}`` (``answer_loss`` None when no setting has the
+    training length).
+
+    Raises:
+      as :func:`evaluate_task`.
+    """
+    run = load_run(Path(workdir).resolve(), step, overrides=overrides)
+    cfg, fns, params = run.cfg, run.fns, run.params
+    T = int(cfg.data.seq_len)
+
+    @jax.jit
+    def nll(tokens, segment_ids, mask):
+        logits = fns.apply(params, tokens[:, :-1], segment_ids[:, :-1],
+                           fns.init_state(params, tokens.shape[0]))[0]
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        target = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+        m = mask[:, 1:] != 0
+        return -jnp.sum(jnp.where(m, target, 0.0)), jnp.sum(m)
+
+    total, count = 0.0, 0
+    for setting in eval_settings(cfg):
+        if setting["length"] != T:
+            continue
+        for b in eval_batches_for(cfg, setting, n_examples=int(cfg.task.get("eval_examples", 64)),
+                                  batch_size=int(cfg.task.get("eval_batch_size", 16))):
+            a, c = nll(b["tokens"], b["segment_ids"], b["loss_mask"])
+            total, count = total + float(a), count + int(c)
+    return {"answer_loss": total / count if count else None, "n_answers": count}
 
 
 def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | None,
-                      log: Callable[[str], None]) -> list[dict[str, Any]]:
+                      log: Callable[[str], None], suffix: str = "") -> list[dict[str, Any]]:
     """:func:`evaluate_task` of one context on a restored run (``LoadedRun``)."""
     cfg, fns, params, step = run.cfg, run.fns, run.params, run.step
     if context == "whole" and "max_context" in cfg.model:
@@ -350,7 +392,7 @@ def _evaluate_context(run: Any, context: str, workdir: Path, max_length: int | N
     metric = ("token_acc" if cfg.data.task == "mqar" else
               "mad_acc" if cfg.data.task in MAD_TASKS else "exact_match")
     if jax.process_index() == 0 and records:
-        stem = workdir / task_result_stem(context, step, max_length)
+        stem = workdir / task_result_stem(context, step, max_length, suffix)
         stem.with_suffix(".json").write_text(json.dumps(records, indent=1) + "\n")
         table = format_task_table(records, metric, f"{title}: {metric} (%)")
         stem.with_suffix(".md").write_text(table)

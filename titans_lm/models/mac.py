@@ -36,9 +36,27 @@ parameters of its attention and need no state.
 Layers listed by ``memory_layers`` ("all" by default) are MAC layers; the others run the same
 segment attention over [persistent || segment] without a memory.
 
+What the memory is written and read with (``memory_input``, :data:`MEMORY_INPUTS`):
+
+* ``"attention_output"`` (the paper, above): the write's keys/values and the gated read's queries
+  come from the attention output y, and the gate is o = y ⊗ M*(y).
+* ``"segment_input"`` (a deviation from the paper; the default of ``configs/mac.py``): the memory is written with the segment input x
+  (keys and values from x, chunked GD, as the LMM writes its input) and the gated read queries it
+  with x after each token's own write: o = y ⊗ M*(x). The retrieval h (from x) and the attention
+  are unchanged. What the memory holds then does not depend on the attention's output, whose
+  gradient reaches the memory only through h and the gate (docs/results/mac-memory.md measures
+  both wirings).
+
+Ablation switch for evaluation (``memory_ablation``, :data:`MEMORY_ABLATIONS`; changes no
+parameter): ``"retrieval"`` replaces the retrieved h tokens by zeros (the attention still sees
+those slots, with zero keys and values), ``"gated_read"`` replaces the gated read M*(.) by zeros
+(the gate becomes the constant sigmoid(0) = 0.5), ``"both"`` does both; the memory is still
+written and carried. ``"none"`` (the default) runs the layer as described.
+
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads``, ``rope_theta``,
 ``segment_len``, ``n_persistent`` (per layer), ``memory_layers`` and ``memory`` (whose
-``eta_max`` bounds the momentum gate).
+``eta_max`` bounds the momentum gate); optional ``memory_input`` (default "attention_output")
+and ``memory_ablation`` (default "none").
 """
 
 from __future__ import annotations
@@ -62,6 +80,8 @@ from titans_lm.nn.gated_combine import GatedCombine
 from titans_lm.nn.init import scaled_out_std
 
 MAC_FIELDS = ("n_heads", "rope_theta", "segment_len", "n_persistent", "memory_layers", "memory")
+MEMORY_INPUTS = ("attention_output", "segment_input")
+MEMORY_ABLATIONS = ("none", "retrieval", "gated_read", "both")
 
 
 def _pad_time(a: jax.Array, total: int) -> jax.Array:
@@ -97,7 +117,8 @@ class MACState(NamedTuple):
     segment: the current segment's tokens so far (:class:`SegmentBuffer`).
     retrieval_tail, write_tail: the memory's conv tails (pre-conv q/k/v projections of the K - 1
       tokens before the current segment) of the retrieval projection (of x) and of the write
-      projection (of the attention output y); () without conv.
+      projection (of the attention output y, or of x with ``memory_input="segment_input"``); ()
+      without conv.
     """
 
     memory: tuple
@@ -163,19 +184,31 @@ class MACMixer(nnx.Module):
       combine: ``GatedCombine`` for y ⊗ M*(y) (attribute ``combine``).
       segment_len: N, a multiple of the memory's chunk size. T need not be a multiple of N (the
         last segment is padded; padding writes nothing and its outputs are dropped).
+      memory_input: what the memory is written and read with, one of :data:`MEMORY_INPUTS`
+        (module docstring).
+      ablation: one of :data:`MEMORY_ABLATIONS` (module docstring); "none" to run the layer.
 
     Raises:
-      ValueError: if segment_len is not a positive multiple of the chunk size.
+      ValueError: if segment_len is not a positive multiple of the chunk size, or an unknown
+        memory_input or ablation.
     """
 
     def __init__(self, memory: NeuralMemory, attention: ContextAttention, combine: GatedCombine,
-                 segment_len: int):
+                 segment_len: int, *, memory_input: str = "attention_output",
+                 ablation: str = "none"):
         chunk = memory.cfg.chunk_size
         if segment_len < 1 or segment_len % chunk:
             raise ValueError(f"MAC segment_len={segment_len} must be a positive multiple of the "
                              f"memory chunk_size={chunk}")
+        if memory_input not in MEMORY_INPUTS:
+            raise ValueError(f"MAC memory_input={memory_input!r}: must be one of "
+                             f"{', '.join(MEMORY_INPUTS)}")
+        if ablation not in MEMORY_ABLATIONS:
+            raise ValueError(f"MAC memory_ablation={ablation!r}: must be one of "
+                             f"{', '.join(MEMORY_ABLATIONS)}")
         self.memory, self.attention, self.combine = memory, attention, combine
         self.segment_len = segment_len
+        self.memory_input, self.ablation = memory_input, ablation
 
     def init_state(self, batch_size: int) -> MACState:
         """(W0, 0) at a segment start, no tokens of a segment yet, zero conv tails."""
@@ -257,12 +290,19 @@ class MACMixer(nnx.Module):
             fresh_BN = jnp.cumsum(starts_n.astype(jnp.int32), axis=1) > 0
             h_reads = jnp.where(fresh_BN[:, None, :, None], w0_reads_n, mem.read(mstate, q_n))
             h = mem.output(h_reads, x_n)
+            if self.ablation in ("retrieval", "both"):
+                h = jnp.zeros_like(h)
             y = self.attention(x_n, doc_n, pos_n, h).astype(y_dtype)
-            # Write the attention output, read M*(y_t) after token t's own write.
-            w, w_tail = mem.project(y, _segment_stream(ext, ids_n, starts_n, pos_n), w_tail)
+            # Write the attention output (or the segment input), read M*(.) after token t's own
+            # write.
+            src = y if self.memory_input == "attention_output" else x_n
+            w, w_tail = mem.project(src, _segment_stream(ext, ids_n, starts_n, pos_n), w_tail)
             reads, new_state = mem.scan(mstate, w.q, w.k, w.v, w.theta, w.eta, w.alpha, w.reset,
                                         log_keep=w.log_keep)
-            o = self.combine(y, mem.output(reads, y))
+            m_out = mem.output(reads, src)
+            if self.ablation in ("gated_read", "both"):
+                m_out = jnp.zeros_like(m_out)
+            o = self.combine(y, m_out)
             out = (o, (mstate, h_reads, y, reads)) if collect else (o, None)
             return ((new_state, w_tail), kept), out
 
@@ -353,6 +393,8 @@ def build_mac(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
         memory = make_memory(mcfg, rngs=rngs)
         combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
                                param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-        return MACMixer(memory, attention(model_cfg.init_std, rngs), combine, seg)
+        return MACMixer(memory, attention(model_cfg.init_std, rngs), combine, seg,
+                        memory_input=str(model_cfg.get("memory_input", "attention_output")),
+                        ablation=str(model_cfg.get("memory_ablation", "none")))
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs)

@@ -50,7 +50,6 @@ from titans_lm.data.pipeline import make_train_iterator
 from titans_lm.data.prepare import prepare
 from titans_lm.data.stream_pipeline import StreamIterator
 from titans_lm.data.tasks import MAD_TASKS, TaskData
-from titans_lm.data.windows import document_windows
 from titans_lm.progress import hms, terminal_columns, timestamp
 from titans_lm.train import sharding as shd
 from titans_lm.train.checkpoint import Checkpointer, DamagedCheckpointError
@@ -64,6 +63,8 @@ from titans_lm.train.run_files import check_run_data, write_run_config, write_ru
 from titans_lm.train.state import (NO_CARRY, Carry, abstract_state, count_params, init_state,
                                    model_fns, state_shardings)
 from titans_lm.train.step import jit_eval_step, jit_train_step
+from titans_lm.train.validation import (carried_validation_batches, make_carried_validation,
+                                        validation_batches)
 from titans_lm.train.warm_start import warm_start_params
 from titans_lm.train.writers import MetricWriter
 
@@ -84,7 +85,10 @@ class TrainResult:
       workdir: the run directory.
       losses: step -> training loss of the steps run by this call (step s = the loss of the
         update that produced state s).
-      val_losses: step -> validation loss of the evaluations run by this call.
+      val_losses: step -> validation loss of the evaluations run by this call (reset windows:
+        ``titans_lm.train.validation.validation_batches``).
+      val_losses_carried: the same for the carried windows of a ``train.carry_state`` run
+        (``titans_lm.train.validation.carried_validation_batches``); empty otherwise.
       signal: the signal number for "interrupted", else None.
     """
     status: str
@@ -92,6 +96,7 @@ class TrainResult:
     workdir: Path
     losses: dict[int, float] = dataclasses.field(default_factory=dict)
     val_losses: dict[int, float] = dataclasses.field(default_factory=dict)
+    val_losses_carried: dict[int, float] = dataclasses.field(default_factory=dict)
     signal: int | None = None
 
 
@@ -141,31 +146,6 @@ def check_mesh_fits(cfg: ml_collections.ConfigDict, mesh) -> None:
             f"config field train.batch_size={cfg.train.batch_size} with train.grad_accum="
             f"{cfg.train.grad_accum} gives micro-batches of {micro} rows, which must be a multiple "
             f"of mesh data*fsdp = {n} (and the batch a multiple of {jax.process_count()} processes)")
-
-
-def validation_batches(store, *, seq_len: int, batch_size: int, n_batches: int, multiple: int
-                       ) -> list[dict[str, np.ndarray]]:
-    """A fixed set of validation batches: ``n_batches * batch_size`` evaluation windows taken at
-    evenly spaced positions among all windows of the split's documents (deterministic).
-
-    Rows are the windows of :func:`titans_lm.data.windows.document_windows`; the batch is padded with
-    all-padding rows (weight 0) up to a multiple of ``multiple`` (the batch shards).
-    """
-    rows = [document_windows(store.doc_tokens(d), seq_len, segment_id=d + 1)
-            for d in range(store.num_docs)]
-    tokens = np.concatenate([r[0] for r in rows])
-    segs = np.concatenate([r[1] for r in rows])
-    want = min(n_batches * batch_size, len(tokens))
-    pick = np.unique(np.linspace(0, len(tokens) - 1, want).round().astype(np.int64))
-    tokens, segs = tokens[pick], segs[pick]
-    bsz = -(-batch_size // multiple) * multiple
-    out = []
-    for i in range(0, len(tokens), batch_size):
-        t, s = tokens[i:i + batch_size], segs[i:i + batch_size]
-        pad = bsz - len(t)
-        out.append({"tokens": np.pad(t, ((0, pad), (0, 0))),
-                    "segment_ids": np.pad(s, ((0, pad), (0, 0)))})
-    return out
 
 
 class _StopFlag:
@@ -374,6 +354,16 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
                                  batch_size=cfg.eval.batch_size, n_batches=tcfg.eval_batches,
                                  multiple=shd.batch_divisor(mesh))
 
+    carried_val = None  # a carry_state run: validation text streamed with the state carried too
+    if carry_of(cfg).batch_size and not cfg.data.get("task"):
+        mult = shd.batch_divisor(mesh)
+        batches = carried_validation_batches(data.stores["validation"], seq_len=T,
+                                             batch_size=cfg.eval.batch_size,
+                                             n_batches=tcfg.eval_batches, multiple=mult)
+        if batches:
+            carried_val = (batches, make_carried_validation(fns, state_sh.params, mesh,
+                                                            len(batches[0]["tokens"])))
+
     writer = MetricWriter(result.workdir, resume_step=start, enabled=jax.process_index() == 0,
                           config=cfg.to_dict())
     # A live bar on a terminal; otherwise (logs, pipes, a terminal of zero width) one timestamped
@@ -443,9 +433,18 @@ def _steps(cfg, state, it: Iterator, ckpt: Checkpointer, fns, tx, schedule, mesh
         rec = {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))}
         if sec > 0 and len(val) > 1:  # the windows of the batches after the first, per second
             rec["val_tokens_per_sec"] = (len(val) - 1) * len(val[0]["tokens"]) * T / sec
+        line = (f"step {s}: validation loss {loss:.4f} (ppl {math.exp(min(loss, 700.0)):.2f}) "
+                f"on {int(n):,} tokens")
+        if carried_val is not None:
+            c_nll, c_n = carried_val[1](state.params, carried_val[0],
+                                        lambda b: shd.put_global_batch(b, mesh))
+            carried = c_nll / max(c_n, 1.0)
+            result.val_losses_carried[s] = carried
+            rec.update(val_loss_carried=carried, val_ppl_carried=math.exp(min(carried, 700.0)))
+            line += (f"; carried windows {carried:.4f} (ppl {math.exp(min(carried, 700.0)):.2f}) "
+                     f"on {int(c_n):,} tokens")
         writer.write(s, rec, "val")
-        log(f"step {s}: validation loss {loss:.4f} (ppl {math.exp(min(loss, 700.0)):.2f}) "
-            f"on {int(n):,} tokens")
+        log(line)
 
     def save(s: int) -> None:
         nonlocal last_saved

@@ -199,3 +199,21 @@ def jit_eval_step(fns: ModelFns, params_sh: Any, mesh: Mesh) -> Callable:
     rep = shd.replicated(mesh)
     return jax.jit(shd.traced_under(mesh, functools.partial(eval_step, fns=fns)),
                    in_shardings=(params_sh, shd.batch_sharding(mesh)), out_shardings=(rep, rep))
+
+
+def carried_eval_step(params: Any, model_state: Any, batch: Batch, *, fns: ModelFns
+                      ) -> tuple[jax.Array, jax.Array, Any]:
+    """``(nll_sum, n_tokens, model_state after the batch)`` of one window batch run from a
+    carried ``model_state`` (float32, as :func:`eval_step`; :func:`carried_nll_sum`)."""
+    nll, (n, state) = carried_nll_sum(params, model_state, batch, fns, jnp.float32)
+    return nll, n, state
+
+
+def jit_carried_eval_step(fns: ModelFns, params_sh: Any, state_sh: Any, mesh: Mesh) -> Callable:
+    """``carried_eval_step`` jitted with the parameters' and the model state's shardings
+    (``titans_lm.train.carry.model_state_shardings``) and a data-sharded batch (traced under
+    ``mesh``); the incoming model state is donated."""
+    rep = shd.replicated(mesh)
+    return jax.jit(shd.traced_under(mesh, functools.partial(carried_eval_step, fns=fns)),
+                   in_shardings=(params_sh, state_sh, shd.batch_sharding(mesh)),
+                   out_shardings=(rep, rep, state_sh), donate_argnums=1)
