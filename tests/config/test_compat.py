@@ -23,8 +23,11 @@ def test_paths_and_schedule_may_change_model_and_data_may_not(tmp_path):
 def test_fields_absent_from_old_checkpoints_read_as_their_old_meaning(tmp_path):
     saved = config_to_json_dict(tiny_config(tmp_path))
     for field in ABSENT_MEANS:
-        section, leaf = field.split(".")
-        saved[section].pop(leaf, None)
+        *sections, leaf = field.split(".")
+        d = saved
+        for section in sections:
+            d = d.get(section, {})
+        d.pop(leaf, None)
     assert config_differences(saved, tiny_config(tmp_path)) == []
     assert config_differences(saved, tiny_config(tmp_path, data__streamed=True)) == [
         ("data.streamed", False, True)]
@@ -36,6 +39,14 @@ def test_fields_absent_from_old_checkpoints_read_as_their_old_meaning(tmp_path):
     mac.model.memory_input = "segment_input"
     assert config_differences(saved, mac) == [("model.memory_input", "attention_output",
                                                "segment_input")]
+    lmm = load_config("lmm")  # the memory's rule fields, added later: today's defaults
+    saved = config_to_json_dict(lmm)
+    rules = [k.split(".")[-1] for k in ABSENT_MEANS if k.startswith("model.memory.")]
+    for leaf in rules:
+        del saved["model"]["memory"][leaf]
+    assert config_differences(saved, lmm) == []
+    lmm.model.memory.attentional_bias = "huber"
+    assert config_differences(saved, lmm) == [("model.memory.attentional_bias", "l2", "huber")]
 
 
 def test_refusal_names_each_field(tmp_path):

@@ -23,10 +23,15 @@ DATA_FIELDS_CHECKED = ("corpus", "vocab_size", "tokenizer_sentences", "seq_len",
                        "shuffle_seed", "streamed")
 TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
 # Checked fields added after checkpoints were first written: their value in a checkpoint that
-# predates them (so that older runs still resume). A backbone's own field (MAC's) counts only
-# where the requested config has it.
+# predates them (so that older runs still resume). A backbone's own field (MAC's, the memory's)
+# counts only where the requested config has it.
 ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False,
-                "model.memory_input": "attention_output", "model.memory_ablation": "none"}
+                "model.memory_input": "attention_output", "model.memory_ablation": "none",
+                # the memory's rule fields: a checkpoint without them ran today's defaults
+                "model.memory.attentional_bias": "l2", "model.memory.bias_p": 3.0,
+                "model.memory.huber_delta": 1.0, "model.memory.feature_map": "silu",
+                "model.memory.feature_degree": 2, "model.memory.read_normalizer": False,
+                "model.memory.learned_w0": True, "model.memory.gradient_at": "chunk_start"}
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
