@@ -81,7 +81,6 @@ def test_read_after_own_write():
         state = jax.tree.map(lambda a: a[n], aux["state_in"])
         y = aux["y"][n]
         for t in (0, 5, 16, 21, N - 1):  # chunk starts, inside chunks, the segment end
-            from titans_lm.nn.stream import fresh_stream_state, make_stream
             stream, _ = make_stream(ids[:, :t + 1], fresh_stream_state(1), fresh=True)
             w, _ = mem.project(y[:, :t + 1], stream)  # eta bounded by the layer (eta_max)
             reads, _ = mem.scan(state, w.q, w.k, w.v, w.theta, w.eta, w.alpha, None)
