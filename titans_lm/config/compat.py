@@ -14,6 +14,7 @@ from typing import Any
 
 import ml_collections
 
+from titans_lm.config.backbones import MEMORY_DEFAULTS
 from titans_lm.config.serialize import config_to_json_dict
 
 # Fields whose change makes a checkpoint unusable for the requested run: every model field, and
@@ -27,11 +28,10 @@ TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
 # counts only where the requested config has it.
 ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False,
                 "model.memory_input": "attention_output", "model.memory_ablation": "none",
-                # the memory's rule fields: a checkpoint without them ran today's defaults
-                "model.memory.attentional_bias": "l2", "model.memory.bias_p": 3.0,
-                "model.memory.huber_delta": 1.0, "model.memory.feature_map": "silu",
-                "model.memory.feature_degree": 2, "model.memory.read_normalizer": False,
-                "model.memory.learned_w0": True, "model.memory.gradient_at": "chunk_start"}
+                # the memory's rule fields: a checkpoint without them ran their defaults
+                **{f"model.memory.{k}": MEMORY_DEFAULTS[k] for k in (
+                    "attentional_bias", "bias_p", "huber_delta", "feature_map", "feature_degree",
+                    "read_normalizer", "learned_w0", "gradient_at")}}
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
