@@ -31,6 +31,8 @@ CONFIGS = {
     # Atlas' polynomial keys (the carried buffers keep head_dim) under MIRAS' l_p bias
     "poly_lp": dict(memory_depth=2, feature_map="poly", feature_degree=2, attentional_bias="lp",
                     bias_p=3.0),
+    # the forget gate decays toward the state documents start from
+    "decay_to_initial": dict(memory_depth=2, decay_target="initial"),
 }
 
 

@@ -290,6 +290,11 @@ FIELDS: dict[str, Field] = {
                                    "previous state: the (gated) delta rule; memory_depth 1, l2 "
                                    "bias, no momentum).",
                                    _one_of("chunk_start", "previous_token"), MEMORY_BACKBONES),
+    "model.memory.decay_target": _f("Where the forget gate pulls the state: 'zero' (Titans eq. 14) "
+                                    "or 'initial', the state a document starts from (W0 or what "
+                                    "the persistent tokens leave), so a carried state stays in "
+                                    "the range training saw (gradient_at chunk_start).",
+                                    _one_of("zero", "initial"), MEMORY_BACKBONES),
     "model.memory.impl": _f("Engine implementation (same math).",
                             ("'chunked' | 'reference' | 'pallas' | 'auto' or a registered one",
                              None), MEMORY_BACKBONES),

@@ -326,7 +326,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                  running_mean: bool = False, log_keep=None, state_length=None,
                  surprise_max_norm: float = 0.0, inside_starts=None,
-                 attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start"):
+                 attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
+                 decay_target: str = "zero"):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -359,6 +360,9 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
       attentional_bias: the inner loss (:mod:`titans_lm.memory.biases`): a name or an
         ``AttentionalBias``.
       gradient_at: "chunk_start" (the dual form) or "previous_token" (the WY form).
+      decay_target: "zero" (Titans eq. 14) or "initial": the forget gate decays the state toward
+        ``reset_to`` (the coefficients' R = 1 - B, :func:`chunk_coefficients`), so every read and
+        chunk end adds R_i times the target.
     Raises:
       ValueError: for chunks_per_checkpoint < 0.
     """
@@ -392,11 +396,14 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     # (chunk_coefficients' reset; docs/design.md#resets-inside-a-chunk).
     per_chunk = lambda x: x.reshape((n_groups * g, b) + x.shape[1:])  # noqa: E731
     inside = None if inside_starts is False else in_chunk_starts(per_chunk(reset_p))
+    to_target = decay_target == "initial"
     if log_keep is None:
-        coef = jax.vmap(lambda th, et, al, rs: chunk_coefficients(th, et, al, reset=rs))(
+        coef = jax.vmap(lambda th, et, al, rs: chunk_coefficients(
+            th, et, al, reset=rs, decay_to_target=to_target))(
             per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p), inside)
     else:
-        coef = jax.vmap(lambda th, et, lk, rs: chunk_coefficients(th, et, None, log_keep=lk, reset=rs))(
+        coef = jax.vmap(lambda th, et, lk, rs: chunk_coefficients(
+            th, et, None, log_keep=lk, reset=rs, decay_to_target=to_target))(
             per_chunk(theta_p), per_chunk(eta_p), per_chunk(_pad_rows(log_keep, total, 0)), inside)
     ends = jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
     # Inside the loop each token picks the base of its gradient: P0, or the reset target from a
@@ -441,8 +448,9 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         if keeping:
             _, ked = clip_surprise(factors, surprise_max_norm, None, ked)
         if read == "after_write":
+            # decaying toward the target, every read has its R term, start or not
             reads = model.forward(_DualReadAccess(P, S, factors, cf, outer, reset_to,
-                                                  inside_starts), qc)
+                                                  True if to_target else inside_starts), qc)
         else:
             reads = model.forward(PlainAccess(P), qc)
             if af is not None:

@@ -173,7 +173,8 @@ def with_running_mean(coef: "ChunkCoefficients", reset: jax.Array | None = None)
 
 def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None, *,
                        log_keep: jax.Array | None = None,
-                       reset: jax.Array | None = None) -> ChunkCoefficients:
+                       reset: jax.Array | None = None,
+                       decay_to_target: bool = False) -> ChunkCoefficients:
     """Closed-form coefficients of one chunk from its per-token gates.
 
     Document starts inside the chunk (``reset``; docs/design.md#resets-inside-a-chunk): before
@@ -187,6 +188,12 @@ def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None
         P_i = B_i P0 + R_i R0 + A_i S0 - sum_s C_{i,s} G_s,
         R_i = prod_{j(i) <= m <= i} (1 - alpha_m)   (j(i): the latest start at or before i; else 0)
 
+    With ``decay_to_target`` the forget gate decays the state toward the reset target instead of
+    toward zero, P_i = (1 - alpha_i) P_{i-1} + alpha_i R0 + S_i
+    (docs/design.md#retention-toward-the-initial-state). The target's weights telescope: sum_{m<=i} D_{i,m} alpha_m = 1 - B_i with
+    no start before i in the chunk, and with one at j the target enters at j with weight 1 and
+    decays toward itself, so R_i = 1 - B_i in both cases (B_i = 0 from a start on).
+
     Args:
       theta: [b] inner learning rates theta_s (Titans eq. 13).
       eta: [b] momentum decays eta_i (eq. 13).
@@ -194,8 +201,10 @@ def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None
       log_keep: optional [b] log(1 - alpha_i), the forget gate in log form (see
         :func:`log_segment_products`); used instead of alpha when given.
       reset: optional [b] bool, document starts (any position, 0 included).
+      decay_to_target: decay toward the reset target R0 instead of zero (R = 1 - B).
     Returns:
-      ChunkCoefficients (see the module docstring for the formulas); R is None without ``reset``.
+      ChunkCoefficients (see the module docstring for the formulas); R is None without ``reset``
+      and without ``decay_to_target``.
     """
     if reset is not None:
         eta = jnp.where(reset, jnp.zeros((), eta.dtype), eta)
@@ -214,5 +223,8 @@ def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None
     A = D @ E0
     C = (D @ E) * theta[None, :]
     M = E * theta[None, :]
-    R = None if reset is None else D @ jnp.where(reset, keep, jnp.zeros((), keep.dtype))
+    if decay_to_target:
+        R = 1 - B
+    else:
+        R = None if reset is None else D @ jnp.where(reset, keep, jnp.zeros((), keep.dtype))
     return ChunkCoefficients(B=B, A=A, C=C, E0=E0, M=M, R=R)

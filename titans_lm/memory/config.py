@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from titans_lm.memory.biases import BIASES, AttentionalBias, bias_problem, get_bias
 from titans_lm.memory.features import FEATURE_MAPS, poly_width
 from titans_lm.memory.inner_models import InnerModel, make_inner_model
-from titans_lm.memory.scan import GRADIENT_AT, IMPLEMENTATIONS
+from titans_lm.memory.scan import DECAY_TARGETS, GRADIENT_AT, IMPLEMENTATIONS
 
 GATE_STYLES = ("titans", "ttt", "constant")
 GATE_GRANULARITIES = ("token", "chunk")
@@ -132,6 +132,14 @@ class MemoryConfig:
         Gated DeltaNet's order, computed exactly chunk by chunk in WY form:
         :mod:`titans_lm.memory.delta`). "previous_token" needs memory_depth 1 without bias or
         residual LN, the l2 bias, no momentum, no running mean, no surprise clip.
+      decay_target: where the forget gate alpha pulls the state: "zero" (Titans eq. 14,
+        P_t = (1 - alpha_t) P_{t-1} + S_t) or "initial", the state every document starts from
+        (W0, or what the persistent tokens leave): P_t = (1 - alpha_t) P_{t-1} + alpha_t P_init
+        + S_t. With "zero" a state carried past the training window decays to one training
+        never saw (W0 fades, the reads go to 0); with "initial" it stays within the writes of
+        the last ~1/alpha tokens of P_init (docs/design.md#retention-toward-the-initial-state).
+        Same as "zero" without learned_w0 and persistent tokens. Needs gradient_at
+        "chunk_start" and impl "chunked" or "reference".
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
@@ -194,6 +202,7 @@ class MemoryConfig:
     read_normalizer: bool = False
     learned_w0: bool = True
     gradient_at: str = "chunk_start"
+    decay_target: str = "zero"
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -244,7 +253,12 @@ class MemoryConfig:
              "'poly' widens the keys, and memory_residual_ln needs keys as wide as the values; "
              "turn one of them off")
         need(self.gradient_at in GRADIENT_AT, "gradient_at", f"must be one of {GRADIENT_AT}")
-        for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
+        need(self.decay_target in DECAY_TARGETS, "decay_target", f"must be one of {DECAY_TARGETS}")
+        need(self.decay_target == "zero" or self.gradient_at == "chunk_start", "decay_target",
+             "'initial' needs gradient_at 'chunk_start' (the delta rule's WY form decays toward "
+             "zero); use decay_target 'zero' or gradient_at 'chunk_start'")
+        for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start"),
+                               ("decay_target", "zero")):
             need(getattr(self, field) == default or self.impl in ("chunked", "reference"), field,
                  f"other than {default!r} is supported by impl 'chunked' and 'reference' only "
                  f"(impl is {self.impl!r}); set it to {default!r} or change impl")

@@ -11,6 +11,7 @@ current mini-batch. At token t (Titans eqs. 12-14, mini-batch size b = chunk_siz
     G  *= min(1, surprise_max_norm / ||G||)    (only with surprise_max_norm > 0: the guard)
     S   = eta_t S - theta_t G
     P   = (1 - alpha_t) P + S                               (or exp(log_keep_t) P + S)
+          (decay_target="initial": (1 - alpha_t) P + alpha_t reset_to + S)
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
 
 A document start inside a chunk thus cuts that chunk in two mini-batches; the chunk grid (t % b)
@@ -36,7 +37,8 @@ from titans_lm.memory.inner_models import InnerModel
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
                    log_keep=None, state_length=None, surprise_max_norm: float = 0.0,
-                   attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start"):
+                   attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
+                   decay_target: str = "zero"):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -51,11 +53,13 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     (1 - alpha_t) P_{t-1} (after a reset: (1 - alpha_t) reset_to) instead of at P_start: online
     gradient descent in Gated DeltaNet's order. ``state_length`` is None or an int32 scalar in 0..T,
     possibly traced. ``surprise_max_norm > 0`` clips each token's gradient to that norm.
+    ``decay_target="initial"`` decays the state toward ``reset_to`` instead of toward zero.
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(lambda p, k_, v_: model.loss(p, k_, v_, attentional_bias))
     outer = model.outer_params()
     keep_all = 1 - alpha if log_keep is None else jnp.exp(log_keep)
+    to_target = decay_target == "initial"
     T = k.shape[0]
     keep_until = T if state_length is None else state_length
 
@@ -77,6 +81,9 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
             G = tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
         S = tuple(s if i in outer else eta_t * s - theta_t * g for i, (s, g) in enumerate(zip(S, G)))
         P = tuple(p if i in outer else keep_t * p + s for i, (p, s) in enumerate(zip(P, S)))
+        if to_target:
+            P = tuple(p if i in outer else p + (1 - keep_t) * r
+                      for i, (p, r) in enumerate(zip(P, reset_to)))
         if running_mean:
             Pg = tuple(jnp.where(at_start, 0, p) for p in Pg)
             Sg = tuple(jnp.where(at_start, 0, s) for s in Sg)

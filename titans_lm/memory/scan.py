@@ -44,6 +44,7 @@ IMPLEMENTATIONS: dict[str, str | Callable] = {
 
 READ_MODES = ("after_write", "chunk_start")
 GRADIENT_AT = ("chunk_start", "previous_token")
+DECAY_TARGETS = ("zero", "initial")
 
 
 def register_implementation(name: str, fn: str | Callable) -> None:
@@ -110,7 +111,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
                 reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                **impl_options):
+                decay_target: str = "zero", **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -178,6 +179,12 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         and no running mean or surprise clip; "chunked" runs it in the WY form of
         :mod:`titans_lm.memory.delta`, exact for any chunk_size (the chunk size then sets only
         the work per step, not the math).
+      decay_target: "zero" (default, eq. 14: the forget gate decays the state toward 0) or
+        "initial": toward ``reset_to``, the state a document starts from,
+        P_t = (1 - alpha_t) P_{t-1} + alpha_t reset_to + S_t (a retention term
+        ||P - reset_to||^2 instead of ||P||^2, in MIRAS' terms; docs/design.md#retention-toward-the-initial-state).
+        A state carried for any length then stays near the states training saw. Implementations
+        "chunked" and "reference" only, with gradient_at "chunk_start".
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
@@ -248,11 +255,13 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     fn = get_implementation(impl)
     bias = get_bias(attentional_bias)
     _check_rule(fn, impl, model, bias.name, gradient_at, eta, running_mean,
-                impl_options.get("surprise_max_norm", 0.0))
+                impl_options.get("surprise_max_norm", 0.0), decay_target)
     if bias.name != DEFAULT_BIAS:
         impl_options["attentional_bias"] = bias
     if gradient_at != GRADIENT_AT[0]:
         impl_options["gradient_at"] = gradient_at
+    if decay_target != DECAY_TARGETS[0]:
+        impl_options["decay_target"] = decay_target
     if _accepts(fn, "inside_starts"):
         if impl_options.get("inside_starts") is None:
             impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
@@ -278,14 +287,21 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                     **static)
 
 
-def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_max_norm):
-    """Raise ValueError for an attentional bias (``bias``: its name) or gradient point that
-    ``impl`` or the rest of the configuration does not support (one message naming the cause and
-    the fix)."""
+def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_max_norm,
+                decay_target=DECAY_TARGETS[0]):
+    """Raise ValueError for an attentional bias (``bias``: its name), gradient point or decay
+    target that ``impl`` or the rest of the configuration does not support (one message naming
+    the cause and the fix)."""
     if gradient_at not in GRADIENT_AT:
         raise ValueError(f"gradient_at must be one of {GRADIENT_AT}, got {gradient_at!r}")
+    if decay_target not in DECAY_TARGETS:
+        raise ValueError(f"decay_target must be one of {DECAY_TARGETS}, got {decay_target!r}")
+    if gradient_at == "previous_token" and decay_target != DECAY_TARGETS[0]:
+        raise ValueError("decay_target='initial' is not implemented for gradient_at="
+                         "'previous_token' (its WY form decays toward zero); use one of the two")
     for name, value, default in (("attentional_bias", bias, DEFAULT_BIAS),
-                                 ("gradient_at", gradient_at, GRADIENT_AT[0])):
+                                 ("gradient_at", gradient_at, GRADIENT_AT[0]),
+                                 ("decay_target", decay_target, DECAY_TARGETS[0])):
         if value != default and not _accepts(fn, name):
             raise ValueError(f"{name}={value!r} is supported by impl 'chunked' and 'reference' "
                              f"only, not {impl!r}; change impl or use {name}={default!r}")

@@ -1,0 +1,161 @@
+"""The forget gate's target (``decay_target``, titans_lm/memory/coefficients.py R = 1 - B), in
+float64:
+
+- the reference token loop equals a plain Python loop written from the equation
+  P_t = (1 - alpha_t) P_{t-1} + alpha_t P_init + S_t (linear memory, resets inside chunks);
+- the chunked engine equals the reference for memory depth 1 and 2, chunk sizes 1, 4, 16, with
+  documents starting inside chunks and the gate in log form: reads, final state, the state at a
+  point inside a chunk (state_length), and the gradients of every input, the target included;
+- a memory that writes nothing stays at its target for any length (decaying to zero, it fades),
+  and a zero target is the zero decay;
+- bad combinations get one clear message.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from titans_lm.memory import MLPMemory, memory_scan
+from titans_lm.memory.config import MemoryConfig
+
+T, D = 21, 4
+STARTS = (6, 13, 14)   # document starts inside chunks of 4 and 16
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    k, v, q = (jnp.asarray(rng.normal(size=(T, D))) for _ in range(3))
+    theta = jnp.asarray(0.05 * rng.random(T))
+    eta = jnp.asarray(0.9 * rng.random(T))
+    log_keep = jnp.asarray(-0.3 * rng.random(T))
+    reset = np.zeros(T, bool)
+    reset[list(STARTS)] = True
+    return (k, v, q, theta, eta, log_keep), jnp.asarray(reset)
+
+
+@functools.cache
+def _model(depth):
+    return "linear" if depth == 1 else MLPMemory(depth=2, expansion=1.5)
+
+
+def _params(depth, seed):
+    if depth == 1:
+        return (jnp.asarray(np.random.default_rng(seed).normal(size=(D, D)) / 2),)
+    return _model(2).init(jax.random.key(seed), D, D, jnp.float64)
+
+
+def test_the_reference_is_the_equation():
+    """Online GD (chunk 1) on a linear memory, by hand: decay toward the target, resets to it."""
+    with jax.enable_x64(True):
+        (k, v, q, theta, eta, log_keep), reset = inputs()
+        W0, target = _params(1, 1)[0], _params(1, 2)[0]
+        keep = np.exp(np.asarray(log_keep))
+        W, S, want = np.asarray(W0), np.zeros((D, D)), []
+        for t in range(T):
+            if reset[t]:
+                W, S = np.asarray(target), np.zeros((D, D))
+            kt, vt = np.asarray(k[t]), np.asarray(v[t])
+            G = 2 * np.outer(kt, kt @ W - vt)          # grad of ||k W - v||^2
+            S = float(eta[t]) * S - float(theta[t]) * G
+            W = keep[t] * W + (1 - keep[t]) * np.asarray(target) + S
+            want.append(np.asarray(q[t]) @ W)
+        reads, (P, _) = memory_scan((W0,), (jnp.zeros((D, D)),), k, v, q, theta, eta, None,
+                                    log_keep=log_keep, model="linear", chunk_size=1,
+                                    impl="reference", reset=reset, reset_to=(target,),
+                                    decay_target="initial")
+        np.testing.assert_allclose(reads, np.stack(want), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(P[0], W, rtol=0, atol=1e-12)
+
+
+def run(impl, chunk, depth, params, target, args, reset, state_length=None):
+    k, v, q, theta, eta, log_keep = args
+    reads, (P, _) = memory_scan(params, tuple(map(jnp.zeros_like, params)), k, v, q, theta, eta,
+                                None, log_keep=log_keep, model=_model(depth), chunk_size=chunk,
+                                impl=impl, reset=reset, reset_to=target, state_length=state_length,
+                                decay_target="initial")
+    return reads, P
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_chunked_equals_the_token_loop(depth):
+    with jax.enable_x64(True):
+        args, reset = inputs()
+        params, target = _params(depth, 1), _params(depth, 2)
+        rng = np.random.default_rng(3)
+        w_reads = jnp.asarray(rng.normal(size=(T, D)))
+        w_state = tuple(jnp.asarray(rng.normal(size=p.shape)) for p in params)
+
+        def objective(impl, chunk, state_length):
+            def value(params, target, *args):
+                reads, P = run(impl, chunk, depth, params, target, args, reset, state_length)
+                v = jnp.sum(reads * w_reads) + sum(jnp.sum(p * w) for p, w in zip(P, w_state))
+                return v, (reads, P)
+            return jax.value_and_grad(value, argnums=tuple(range(8)), has_aux=True)
+
+        for chunk, state_length in ((1, None), (4, None), (16, None), (4, 10)):
+            (_, (want_reads, want_P)), want_g = objective("reference", chunk, state_length)(
+                params, target, *args)
+            (_, (got_reads, got_P)), got_g = objective("chunked", chunk, state_length)(
+                params, target, *args)
+            assert float(jnp.max(jnp.abs(want_reads))) < 10   # the test is not of a divergence
+            np.testing.assert_allclose(got_reads, want_reads, rtol=0, atol=1e-10)
+            for a, b in zip(got_P, want_P):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+            names = ("W0", "target", "k", "v", "q", "theta", "eta", "log_keep")
+            for what, a, b in zip(names, jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
+                scale = max(1.0, float(jnp.max(jnp.abs(b))))
+                assert float(jnp.max(jnp.abs(a - b))) < 1e-9 * scale, (chunk, state_length, what)
+
+
+def test_a_silent_memory_stays_at_its_target():
+    """theta = 0 over 4,096 tokens with alpha = 0.01: decaying toward the target the state is
+    the target (reads unchanged); decaying toward zero it is 0.99^4096 ~ 1e-18 of W0. A zero
+    target is the zero decay."""
+    with jax.enable_x64(True):
+        n = 4096
+        rng = np.random.default_rng(4)
+        k, q = (jnp.asarray(rng.normal(size=(n, D))) for _ in range(2))
+        W0 = _params(1, 1)
+        zeros, alpha = jnp.zeros(n), jnp.full(n, 0.01)
+        kw = dict(model="linear", chunk_size=16)
+
+        def scan(target, params0=W0, theta=zeros):
+            return memory_scan(params0, (jnp.zeros((D, D)),), k, k, q, theta, zeros, alpha,
+                               decay_target=target, **kw)
+
+        reads, (P, _) = scan("initial")
+        np.testing.assert_allclose(P[0], W0[0], rtol=1e-12)
+        np.testing.assert_allclose(reads, q @ W0[0], rtol=1e-12)
+        _, (P_zero, _) = scan("zero")
+        assert float(jnp.max(jnp.abs(P_zero[0]))) < 1e-15
+        theta = jnp.asarray(0.02 * rng.random(n))
+        zero_w = (jnp.zeros((D, D)),)
+        a, (Pa, _) = scan("initial", zero_w, theta)
+        b, (Pb, _) = scan("zero", zero_w, theta)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(Pa[0], Pb[0], rtol=0, atol=1e-13)
+
+
+def test_bad_combinations_get_one_clear_message():
+    for fields, match in ((dict(decay_target="w0"), "decay_target: must be one of"),
+                          (dict(decay_target="initial", impl="pallas"),
+                           "decay_target: other than 'zero' is supported by impl 'chunked' and "
+                           "'reference' only"),
+                          (dict(decay_target="initial", gradient_at="previous_token",
+                                memory_depth=1, use_momentum=False),
+                           "'initial' needs gradient_at 'chunk_start'")):
+        with pytest.raises(ValueError, match=match):
+            MemoryConfig(d_model=8, **fields)
+    with jax.enable_x64(True):
+        (k, v, q, theta, _, _), _ = inputs()
+        W = (jnp.zeros((D, D)),)
+        zeros = jnp.zeros(T)
+        with pytest.raises(ValueError, match="'chunked' and 'reference' only, not 'pallas'"):
+            memory_scan(W, W, k, v, q, theta, zeros, zeros, model="linear", chunk_size=4,
+                        impl="pallas", decay_target="initial")
+        with pytest.raises(ValueError, match="not implemented for gradient_at='previous_token'"):
+            memory_scan(W, W, k, v, q, theta, zeros, zeros, model="linear", chunk_size=4,
+                        gradient_at="previous_token", decay_target="initial")
