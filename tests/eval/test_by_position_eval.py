@@ -13,7 +13,8 @@ from _tiny_run import tiny_config
 from titans_lm.eval.ablation import ablate_memory, ablation_summary, format_ablation
 from titans_lm.eval.by_position import loss_by_position
 from titans_lm.eval.by_position_eval import (carry_losses, evaluate_by_position,
-                                             make_position_step, make_reset_losses_fn, reset_losses,
+                                             make_position_step, make_reset_losses_fn,
+                                             norms_at_doublings, reset_losses,
                                              stream_position_batches, token_losses)
 from titans_lm.eval.evaluate import make_score_fn, score_documents
 from titans_lm.eval.perplexity import score_batch
@@ -76,9 +77,16 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
     fns, params = _model(name, **changes)
     docs = _docs([4 * T + 1, 7, 2 * T + 3], seed=1)
     mesh = _mesh()
+    norms = []
     loss, pos = carry_losses(*make_position_step(fns), params, docs, seq_len=T,
-                             batch_size=2, mesh=mesh)
+                             batch_size=2, mesh=mesh, norms_fn=fns.memory_norms, norms_out=norms)
     r = loss_by_position(loss, pos)
+    # one record per window batch (rows: the 4 T + 1 and the 2 T + 3 document, then the 7),
+    # each memory's norm relative to W0 (the LMM's two layers; none for Transformer++)
+    assert [t for t, _ in norms] == [T, 2 * T, 3 * T, 4 * T]
+    assert all(len(v) == (2 if name == "lmm" else 0) and all(0 < x < 10 for x in v)
+               for _, v in norms)
+    assert [p["tokens"] for p in norms_at_doublings(norms, T)] == [T, 2 * T, 4 * T]
     carry = score_documents_carry(*make_carry_step(fns), params, docs, [], seq_len=T,
                                   batch_size=2, mesh=mesh)
     assert r["total_count"] == carry.n_tokens == len(loss)

@@ -8,6 +8,7 @@ float64:
   point inside a chunk (state_length), and the gradients of every input, the target included;
 - a memory that writes nothing stays at its target for any length (decaying to zero, it fades),
   and a zero target is the zero decay;
+- "pallas" runs "chunked" for it (the kernel decays toward zero);
 - bad combinations get one clear message.
 """
 
@@ -141,9 +142,6 @@ def test_a_silent_memory_stays_at_its_target():
 
 def test_bad_combinations_get_one_clear_message():
     for fields, match in ((dict(decay_target="w0"), "decay_target: must be one of"),
-                          (dict(decay_target="initial", impl="pallas"),
-                           "decay_target: other than 'zero' is supported by impl 'chunked' and "
-                           "'reference' only"),
                           (dict(decay_target="initial", gradient_at="previous_token",
                                 memory_depth=1, use_momentum=False),
                            "'initial' needs gradient_at 'chunk_start'")):
@@ -153,9 +151,16 @@ def test_bad_combinations_get_one_clear_message():
         (k, v, q, theta, _, _), _ = inputs()
         W = (jnp.zeros((D, D)),)
         zeros = jnp.zeros(T)
-        with pytest.raises(ValueError, match="'chunked' and 'reference' only, not 'pallas'"):
-            memory_scan(W, W, k, v, q, theta, zeros, zeros, model="linear", chunk_size=4,
-                        impl="pallas", decay_target="initial")
         with pytest.raises(ValueError, match="not implemented for gradient_at='previous_token'"):
             memory_scan(W, W, k, v, q, theta, zeros, zeros, model="linear", chunk_size=4,
                         gradient_at="previous_token", decay_target="initial")
+
+
+def test_pallas_runs_chunked_for_it():
+    with jax.enable_x64(True):
+        args, reset = inputs()
+        params, target = _params(1, 1), _params(1, 2)
+        got = run("pallas", 4, 1, params, target, args, reset)
+        want = run("chunked", 4, 1, params, target, args, reset)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(a, b)

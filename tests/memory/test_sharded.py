@@ -151,6 +151,7 @@ def _lmm_config(impl):
     m.vocab_size, m.d_model, m.n_layers, m.d_ff = 64, 32, 1, 64
     m.memory.head_dim, m.memory.memory_depth, m.memory.impl = 16, 1, impl   # 2 heads
     m.memory.theta_max = 0.05     # livelier writes than the default, so the memory matters
+    m.memory.decay_target = "zero"   # the kernel's decay (toward W0 runs chunked)
     return cfg
 
 

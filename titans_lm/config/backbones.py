@@ -81,11 +81,18 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # diverged within the first quarter of a window. So the Titans configs l2-normalise the values
 # too (``v_l2_norm``; the read is RMS-normalised before the output anyway, so the values' scale
 # never reached the output). ``surprise_max_norm`` is the optional guard on top.
+#
+# Length. The forget gate decays the state toward the state documents start from (W0, or what
+# the persistent tokens leave: ``decay_target="initial"``), not toward zero (eq. 14). Trained on
+# 256-token windows, the tiny LMM decaying toward zero read a book 19x worse with its state
+# carried than from reset windows (W0 fades: 0.5% of it is left after 2K tokens, and the reads are
+# exactly 0 in float32 by 64K); decaying toward W0 the same run carried is no worse than reset
+# (docs/results/reset-vs-carry.md#decay-toward-the-initial-state).
 TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_activation="silu",
                      chunk_size=16, gate_style="titans", use_momentum=True, use_decay=True,
                      use_conv=True, qk_l2_norm=True, v_l2_norm=True, use_output_gate=True,
                      theta_max=0.0005,
-                     eta_max=0.9, theta_bias_init=0.0)
+                     eta_max=0.9, theta_bias_init=0.0, decay_target="initial")
 
 
 # MIRAS' attentional biases and Atlas' feature map as memory overrides that any memory backbone

@@ -111,7 +111,8 @@ def stream_position_batches(docs_tokens: Sequence[np.ndarray], *, seq_len: int, 
 def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
                  docs_tokens: Sequence[np.ndarray], *, seq_len: int, batch_size: int, mesh,
                  ablate_at: int | None = None, baseline_of_ablation: bool = False,
-                 progress: bool = False, desc: str = "") -> tuple[np.ndarray, np.ndarray]:
+                 progress: bool = False, desc: str = "", norms_fn: Callable | None = None,
+                 norms_out: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-token losses of the carry run: ``(losses, positions)``, float64 / int64 [N] over every
     scored token (N = the run's token count).
 
@@ -123,6 +124,10 @@ def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
         ``ablate`` row mask, so that this unablated run executes the ablated run's own compiled
         program: its losses before P then equal the ablated run's bit for bit (two programs may
         round differently, by an ulp).
+      norms_fn, norms_out: with both, after every window batch append
+        ``(tokens, norms)`` to ``norms_out``: tokens = the furthest window end of the batch,
+        norms = float [n_memories] of ``norms_fn(params, state)`` (``ModelFns.memory_norms``:
+        each memory's ||P|| / ||W0||, max over rows and heads).
     """
     n_rows = stream_rows(len(docs_tokens), batch_size, mesh)
     _, n_steps = assign_rows([num_windows(len(t), seq_len) for t in docs_tokens], n_rows)
@@ -136,6 +141,9 @@ def carry_losses(init_fn: Callable, step_fn: Callable, params: Any,
                 batch = {**batch, "ablate": (np.zeros(window.shape, bool) if w_abl is None
                                              else window == w_abl)}
             nll, w, state = step_fn(params, state, shd.put_global_batch(batch, mesh))
+            if norms_fn is not None and norms_out is not None:
+                norms_out.append((int(window.max() + 1) * seq_len,
+                                  [float(n) for n in norms_fn(params, state)]))
             w = np.asarray(w)
             losses.append(np.asarray(nll, np.float64)[w])
             positions.append(pos[w])
@@ -236,12 +244,13 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     carry_fns = make_position_step(run.fns) if ("carry" in modes or ablate_at is not None) else None
     kw = dict(seq_len=seq_len, batch_size=bsz, mesh=mesh, progress=progress)
     base_kw = dict(kw, baseline_of_ablation=ablate_at is not None)
-    runs, results, files, seconds = {}, {}, [], {}
+    runs, results, files, seconds, norms = {}, {}, [], {}, []
     for mode in modes if by_position else (("carry",) if ablate_at is not None else ()):
         t0 = time.perf_counter()
         if mode == "carry":
             runs[mode] = carry_losses(*carry_fns, run.params, toks, desc=f"{name} carry",
-                                      **base_kw)
+                                      norms_fn=jax.jit(run.fns.memory_norms),
+                                      norms_out=norms, **base_kw)
         else:
             runs[mode] = reset_losses(make_reset_losses_fn(run.fns), run.params, toks,
                                       desc=f"{name} reset", **kw)
@@ -256,6 +265,8 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
             r.update(name=mode, model_name=cfg.model.name, context=mode,
                      dataset=name, step=run.step, seq_len=seq_len, n_docs=len(toks),
                      seconds=seconds.get(mode))
+            if mode == "carry" and norms and norms[0][1]:
+                r["memory_norm"] = norms_at_doublings(norms, seq_len)
             results[mode] = r
             if jax.process_index() == 0:
                 files.append(str(write_by_position(
@@ -266,6 +277,8 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
                 workdir / f"by_position_{key}.png",
                 title=f"{cfg.model.name} step {run.step}, {name}, windows of {seq_len}")))
         log(format_by_position(results))
+        if "memory_norm" in results.get("carry", {}):
+            log(format_memory_norms(results["carry"]["memory_norm"]))
     summary = None
     if ablate_at is not None:
         ablated = carry_losses(*carry_fns, run.params, toks, ablate_at=ablate_at,
@@ -280,6 +293,26 @@ def evaluate_by_position(workdir: str | Path, split: str = "test", step: int | N
     if files:
         log("wrote " + ", ".join(files))
     return {"by_position": results, "ablation": summary, "files": files}
+
+
+def norms_at_doublings(norms: list, seq_len: int) -> list[dict[str, Any]]:
+    """The memory norms of :func:`carry_losses`' ``norms_out`` after seq_len, 2 seq_len,
+    4 seq_len, ... tokens and after the last window: ``[{"tokens": n, "norms": [...]}, ...]``."""
+    out, next_mark = [], seq_len
+    for i, (tokens, values) in enumerate(norms):
+        if tokens >= next_mark or i == len(norms) - 1:
+            out.append({"tokens": tokens, "norms": values})
+            while next_mark <= tokens:
+                next_mark *= 2
+    return out
+
+
+def format_memory_norms(rows: list[dict[str, Any]]) -> str:
+    """One line per point of :func:`norms_at_doublings`: tokens read, each memory's norm."""
+    lines = ["memory state ||P|| / ||W0|| (max over rows and heads), carried:"]
+    lines += [f"{r['tokens']:>16,} tokens: " + " ".join(f"{v:.4g}" for v in r["norms"])
+              for r in rows]
+    return "\n".join(lines)
 
 
 def format_by_position(results: dict[str, dict[str, Any]]) -> str:
@@ -302,6 +335,7 @@ def format_by_position(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["carry_losses", "evaluate_by_position", "format_by_position",
+__all__ = ["carry_losses", "evaluate_by_position", "format_by_position", "format_memory_norms",
+           "norms_at_doublings",
            "make_position_step", "make_reset_losses_fn", "reset_losses",
            "stream_position_batches", "token_losses"]

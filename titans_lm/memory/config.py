@@ -139,7 +139,8 @@ class MemoryConfig:
         never saw (W0 fades, the reads go to 0); with "initial" it stays within the writes of
         the last ~1/alpha tokens of P_init (docs/design.md#retention-toward-the-initial-state).
         Same as "zero" without learned_w0 and persistent tokens. Needs gradient_at
-        "chunk_start" and impl "chunked" or "reference".
+        "chunk_start"; impl "pallas" (and "auto" on GPU/TPU) then runs "chunked" (the kernel
+        decays toward zero).
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
@@ -257,8 +258,7 @@ class MemoryConfig:
         need(self.decay_target == "zero" or self.gradient_at == "chunk_start", "decay_target",
              "'initial' needs gradient_at 'chunk_start' (the delta rule's WY form decays toward "
              "zero); use decay_target 'zero' or gradient_at 'chunk_start'")
-        for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start"),
-                               ("decay_target", "zero")):
+        for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
             need(getattr(self, field) == default or self.impl in ("chunked", "reference"), field,
                  f"other than {default!r} is supported by impl 'chunked' and 'reference' only "
                  f"(impl is {self.impl!r}); set it to {default!r} or change impl")

@@ -183,8 +183,8 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         "initial": toward ``reset_to``, the state a document starts from,
         P_t = (1 - alpha_t) P_{t-1} + alpha_t reset_to + S_t (a retention term
         ||P - reset_to||^2 instead of ||P||^2, in MIRAS' terms; docs/design.md#retention-toward-the-initial-state).
-        A state carried for any length then stays near the states training saw. Implementations
-        "chunked" and "reference" only, with gradient_at "chunk_start".
+        A state carried for any length then stays near the states training saw. With
+        gradient_at "chunk_start"; "pallas" (and "auto" on GPU/TPU) run "chunked" for it.
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"

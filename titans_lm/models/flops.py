@@ -134,22 +134,24 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
     ``log_keep``: the forget gate reaches the engine as log(1 - alpha), as the NeuralMemory layer
     passes it (its segment products cost 6 b^2 + 4 b^3 against 10 b^2 + 2 b^3 from alpha).
     ``traced_resets``: the document starts are traced (the layer's), so the coefficients include
-    the reset-target row R (2 b^2)."""
+    the reset-target row R (2 b^2). Decaying toward the initial state (``decay_target``), R is
+    1 - B (no matmul) and every after-write read adds R_i (r R0) through each matrix."""
     b = b or mcfg.chunk_size
     read = read or mcfg.read
     mats, vecs = _inner_shapes(mcfg)
+    to_target = mcfg.decay_target == "initial"
     f = 0.0
     for i, (di, do) in enumerate(mats):
         f += 2 * b * di * do * (1 if i == 0 else 2)      # factors: forward, backward of the input
         if read == "after_write":
-            f += 4 * b * di * do + 2 * b * b * (di + do)
+            f += (6 if to_target else 4) * b * di * do + 2 * b * b * (di + do)
         else:
             f += 2 * b * di * do
         f += 4 * b * di * do                              # chunk-end P and S
     for d in vecs:
         f += (2 * b * b * d if read == "after_write" else 0) + 4 * b * d
     f += (6 * b * b + 4 * b ** 3) if log_keep else (8 * b * b + 2 * b * b + 2 * b ** 3)  # coefficients
-    if traced_resets:
+    if traced_resets and not to_target:
         f += 2 * b * b                                    # R = D (keep * reset)
     return f
 

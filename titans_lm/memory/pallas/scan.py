@@ -200,7 +200,7 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                 backend: str | None = None, interpret: bool | None = None,
                 precision: str = "highest", running_mean: bool = False, log_keep=None,
-                state_length=None, inside_starts=None):
+                state_length=None, inside_starts=None, decay_target: str = "zero"):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -223,6 +223,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         result (a flag computed from a ``reset`` batched by vmap would turn a cond into that
         select anyway), so the layer computes one flag for the whole batch and passes it
         unbatched (``NeuralMemory.scan``).
+      decay_target: as memory_scan's; the kernel decays toward zero, so "initial" runs
+        ``chunked`` (logged once).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -232,6 +234,13 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
     Unsupported problems (see :mod:`titans_lm.memory.pallas.plan`) run ``chunked`` and log why;
     so does a call with ``state_length`` (silently: it is the carried-state path by design).
     """
+    if decay_target != "zero":
+        log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
+        return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
+                            chunk_size=chunk_size, read=read, reset_to=reset_to,
+                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
+                            log_keep=log_keep, state_length=state_length,
+                            inside_starts=inside_starts, decay_target=decay_target)
     if state_length is not None:
         return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
@@ -284,20 +293,21 @@ def auto_choice(platform: str) -> str:
 def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
-              **pallas_options):
+              decay_target: str = "zero", **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
-    ``inside_starts`` as :func:`pallas_scan`'s.
+    ``inside_starts`` and ``decay_target`` as :func:`pallas_scan`'s.
     """
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                            log_keep=log_keep, state_length=state_length,
-                           inside_starts=inside_starts, **pallas_options)
+                           inside_starts=inside_starts, decay_target=decay_target,
+                           **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                         log_keep=log_keep, state_length=state_length,
-                        inside_starts=inside_starts)
+                        inside_starts=inside_starts, decay_target=decay_target)

@@ -1,0 +1,104 @@
+"""Every shipped memory preset stays finite and within a documented band over 64K carried
+tokens of adversarial input (docs/design.md#stable-range), in float32 as trained:
+
+- inputs: the same unit key and value at every token, and unit keys along one direction (signs
+  random) with random unit values (the memory cannot fit them, so the surprise never ends);
+- gates at their bounds: theta = its maximum, eta = eta_max (with momentum), alpha = the gate's
+  initial value (with decay; training moves it);
+- the presets are those of ``configs/*.py`` (deduplicated: LMM, MAC, MAG and MAL share one),
+  the Titans one at memory depth 1 to 4;
+- the band: a memory with a learned W0 keeps ||P_t|| within [1/2, 2] x ||P_init|| (the Titans
+  presets decay toward P_init: ``decay_target``); one that starts at zero reads at most 2
+  (unit values; the delta rule fits them); linear attention's normalised read is a convex
+  combination of the values, so at most 1.
+"""
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from titans_lm.config import load
+from titans_lm.memory import memory_scan
+from titans_lm.models.memory_mixer import memory_config
+
+T = 65_536
+REPO = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def presets() -> dict:
+    """name -> MemoryConfig of every config's memory section (tiny size), one per distinct one."""
+    out, seen = {}, set()
+    for path in sorted((REPO / "configs").glob("*.py")):
+        cfg = load(path, "tiny")
+        if "memory" not in cfg.model:
+            continue
+        m = memory_config(cfg.model)
+        key = repr(dataclasses.replace(m, d_model=1, n_heads=1))
+        if key not in seen:
+            seen.add(key)
+            out[path.stem] = m
+    return out
+
+
+CASES = [("lmm", depth) for depth in (1, 2, 3, 4)] + [
+    (name, None) for name in ("ttt_linear", "ttt_mlp", "linear_attention", "deltanet",
+                              "gated_deltanet")]
+
+
+def test_the_cases_cover_every_shipped_preset():
+    assert sorted(presets()) == sorted({name for name, _ in CASES})
+
+
+def _inputs(kind, d, dv, positive):
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=d)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    if kind == "same":
+        k, v = np.tile(unit(u), (T, 1)), np.tile(unit(rng.normal(size=dv)), (T, 1))
+    else:
+        k = unit(u)[None] * np.sign(rng.normal(size=(T, 1)))
+        v = unit(rng.normal(size=(T, dv)))
+    if positive:   # elu + 1 features, as linear attention's keys are
+        k = np.where(k > 0, k + 1, np.exp(k))
+    return jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32)
+
+
+@pytest.mark.parametrize("name,depth", CASES)
+def test_a_preset_stays_in_its_band_over_64k_adversarial_tokens(name, depth):
+    m = dataclasses.replace(presets()[name], d_model=16, n_heads=1, head_dim=16,
+                            **({"memory_depth": depth} if depth else {}))
+    model = m.inner_model()
+    d, dv = m.key_width, m.memory_width
+    W0 = model.init(jax.random.key(0), d, dv, jnp.float32)
+    if not m.learned_w0:
+        W0 = tuple(jnp.zeros_like(p) for p in W0)
+    theta = m.ttt_base_lr / m.head_dim if m.gate_style == "ttt" else m.theta_max
+    eta = m.eta_max if m.use_momentum else 0.0
+    alpha = float(jax.nn.sigmoid(m.alpha_bias_init)) if m.use_decay else 0.0
+    bias = m.bias()
+    for kind in ("same", "one_direction"):
+        k, v = _inputs(kind, d, dv - int(m.read_normalizer), positive=m.feature_map == "elu1")
+        if m.read_normalizer:
+            v = jnp.concatenate([v, jnp.ones((T, 1), v.dtype)], axis=-1)
+        full = lambda x: jnp.full(T, x, jnp.float32)  # noqa: E731
+        reads, (P, _) = memory_scan(W0, tuple(map(jnp.zeros_like, W0)), k, v, k, full(theta),
+                                    full(eta), full(alpha), model=model, chunk_size=m.chunk_size,
+                                    gradient_at=m.gradient_at, decay_target=m.decay_target,
+                                    attentional_bias=bias)
+        assert bool(jnp.all(jnp.isfinite(reads))), (kind, "reads")
+        norm = lambda ps: float(jnp.sqrt(sum(jnp.sum(p * p) for p in ps)))  # noqa: E731
+        assert np.isfinite(norm(P)), (kind, "state")
+        if m.read_normalizer:
+            y = reads[:, :-1] / (reads[:, -1:] + m.norm_eps)
+            assert float(jnp.max(jnp.linalg.norm(y, axis=-1))) <= 1 + 1e-4, kind
+        elif m.learned_w0:
+            ratio = norm(P) / norm(W0)
+            assert 0.5 <= ratio <= 2, (kind, ratio)
+        else:
+            assert float(jnp.max(jnp.linalg.norm(reads, axis=-1))) <= 2, kind
