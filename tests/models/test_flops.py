@@ -34,7 +34,8 @@ def small_config(name, persistent=False, **memory):
 @pytest.mark.parametrize("name,T,memory", [
     ("transformer", 96, {}), ("ttt_linear", 72, {}), ("ttt_mlp", 64, {}), ("lmm", 100, {}),
     ("lmm", 64, {"read": "chunk_start", "use_momentum": False}), ("mag", 80, {}),
-    ("mal", 64, {}),
+    ("mal", 64, {}), ("linear_attention", 72, {}), ("deltanet", 72, {}),
+    ("gated_deltanet", 64, {}), ("gated_deltanet", 72, {"chunk_size": 12}),
 ])
 def test_executed_count_equals_traced_matmuls(name, T, memory):
     m = small_config(name, **memory)

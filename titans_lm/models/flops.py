@@ -25,8 +25,9 @@ Two counts per sequence of T tokens (:class:`FlopCount`):
 
 Per component (``FlopCount.parts``): ``attention_proj`` (W_Q, W_K, W_V, W_O), ``attention_core``
 (q k^T and p v), ``mlp`` (SwiGLU: 3 matrices, 6 D d_ff per token), ``memory_proj`` (the memory's
-W_Q, W_K, W_V, gate rows theta/eta/alpha [D, H], output gate W_g and W_O), ``memory_dual`` (the
-inner loop, below), ``memory_read`` (MAC's retrievals f(q; P) without a write), ``combine`` (the
+W_Q, W_K, W_V, gate rows theta/eta/alpha [D, H] (none for a constant theta), output gate W_g and
+W_O), ``memory_dual`` (the inner loop, below: the dual form, or the delta rule's WY form),
+``memory_read`` (MAC's retrievals f(q; P) without a write), ``combine`` (the
 MAG/MAC gate's W_O [D, D]) and ``head`` (2 D V per scored token).
 
 The dual form per head and chunk of b tokens (``titans_lm.memory.chunked``), for each weight
@@ -50,7 +51,22 @@ one more read matmul per weight: docs/design.md#resets-inside-a-chunk); not coun
 
 So per token and head the dual form costs about 10 sum(d_in d_out) + 2 b (sum d_in + d_out) +
 2 b^2: linear in d_in d_out like a projection, plus terms that grow with the chunk size (at b =
-1024 and head_dim 64 the coefficient matmul D @ E dominates).
+1024 and head_dim 64 the coefficient matmul D @ E dominates). Under the dot attentional bias
+(linear attention) the gradient -2 v ignores the memory's output, so the last matrix's forward
+product is dead code and not counted. The widths are the memory's: d_in the key width, d_out the
+value width (head_dim + 1 with linear attention's normaliser column).
+
+The delta rule (``gradient_at="previous_token"``: DeltaNet, Gated DeltaNet) runs the WY form
+instead (``titans_lm.memory.delta``, :func:`delta_chunk_flops`); per head and chunk of b tokens,
+W [d_k, d_v]: the keys and queries at the chunk-start state, k W and q W (4 b d_k d_v); k k^T
+(2 b^2 d_k); the inverse (I + A)^{-1} by recursive block inversion, 2 n (n^2 - 1) / 3 for b padded
+to the power of two n (the cost of inverting a triangular matrix, b^3 / 3 multiply-adds); the
+pseudo-values U = (I + A)^{-1} rhs (2 b^2 d_v); the read after the write, q k^T and (D * q k^T) U
+(2 b^2 (d_k + d_v)); the chunk-end state k^T (D_e * U) (2 b d_k d_v). About 6 d_k d_v + 4 b (d_k +
+d_v) + 2 b^2 / 3 per token and head. Executed, k and q are also multiplied by the reset target
+(a document start inside the chunk selects it per token): 4 b d_k d_v more, not in the model
+count. The short convolution, the l2 norms of q and k, the gates' non-linearities and the decay
+ratios are elementwise and left out, as above.
 """
 
 from __future__ import annotations
@@ -66,6 +82,7 @@ import numpy as np
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.models.memory_mixer import memory_config, memory_layer_indices
 
+LINEAR_RNNS = ("linear_attention", "deltanet", "gated_deltanet")   # the LMM's stack, another rule
 PARTS = ("attention_proj", "attention_core", "mlp", "memory_proj", "memory_dual", "memory_read",
          "combine", "head")
 
@@ -121,7 +138,7 @@ def _inner_shapes(mcfg: MemoryConfig):
     LayerNorm scale and shift, ``InnerModel.outer_params``) are read at their initial value and
     never written, so the dual form spends no matmul on them."""
     model = mcfg.inner_model()
-    shapes = model.param_shapes(mcfg.head_dim, mcfg.head_dim)
+    shapes = model.param_shapes(mcfg.key_width, mcfg.memory_width)
     outer = model.outer_params()
     return ([s for s in shapes if len(s) == 2],
             [s[0] for i, s in enumerate(shapes) if len(s) == 1 and i not in outer])
@@ -143,6 +160,8 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
     f = 0.0
     for i, (di, do) in enumerate(mats):
         f += 2 * b * di * do * (1 if i == 0 else 2)      # factors: forward, backward of the input
+        if mcfg.attentional_bias == "dot" and i == len(mats) - 1:
+            f -= 2 * b * di * do                          # dl/dy = -2 v: the output y is dead
         if read == "after_write":
             f += (6 if to_target else 4) * b * di * do + 2 * b * b * (di + do)
         else:
@@ -156,6 +175,27 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
     return f
 
 
+def delta_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | None = None,
+                      executed: bool = True) -> float:
+    """Matmul FLOPs of one head's chunk of b tokens of the delta rule in WY form
+    (``titans_lm.memory.delta.delta_chunk`` and the chunk-end state; module docstring).
+
+    ``executed``: also the products of k and q with the reset target (computed for every chunk,
+    selected per token where a document starts inside it); False gives the model count."""
+    b = b or mcfg.chunk_size
+    read = read or mcfg.read
+    dk, dv = mcfg.key_width, mcfg.memory_width
+    n = 1 << max(0, (b - 1).bit_length())                 # the inverse pads b to a power of two
+    f = (2 if executed else 1) * 2 * (2 * b * dk * dv)    # k W, q W (and k R0, q R0)
+    f += 2 * b * b * dk                                   # k k^T
+    f += 2 * (n if executed else b) * ((n if executed else b) ** 2 - 1) / 3   # (I + A)^{-1}
+    f += 2 * b * b * dv                                   # U = (I + A)^{-1} rhs
+    if read == "after_write":
+        f += 2 * b * b * (dk + dv)                        # q k^T, (D * q k^T) U
+    f += 2 * b * dk * dv                                  # W_end = k^T (D_e * U)
+    return f
+
+
 def memory_plain_read_flops(mcfg: MemoryConfig) -> float:
     """f(q; P) of one head and token without a write: 2 sum(d_in d_out)."""
     mats, _ = _inner_shapes(mcfg)
@@ -165,9 +205,13 @@ def memory_plain_read_flops(mcfg: MemoryConfig) -> float:
 def _memory_scan(acc: _Acc, mcfg: MemoryConfig, n_tokens: int) -> None:
     """The inner loop over n_tokens (one scan call; padded to whole chunks when executed)."""
     b = mcfg.chunk_size
-    per_chunk = memory_chunk_flops(mcfg) * mcfg.n_heads
+    if mcfg.gradient_at == "previous_token":
+        model = delta_chunk_flops(mcfg, executed=False) * mcfg.n_heads
+        executed = delta_chunk_flops(mcfg) * mcfg.n_heads
+    else:
+        model = executed = memory_chunk_flops(mcfg) * mcfg.n_heads
     n_exec = math.ceil(n_tokens / b) * b
-    acc.add("memory_dual", per_chunk * n_tokens / b, per_chunk * n_exec / b)
+    acc.add("memory_dual", model * n_tokens / b, executed * n_exec / b)
 
 
 def _memory_project(acc: _Acc, mcfg: MemoryConfig, n: int, *, only_q: bool = False) -> None:
@@ -175,7 +219,7 @@ def _memory_project(acc: _Acc, mcfg: MemoryConfig, n: int, *, only_q: bool = Fal
     if only_q:
         acc.add("memory_proj", 2 * n * D * HK)
         return
-    n_gates = 1 + int(mcfg.use_momentum) + int(mcfg.use_decay)
+    n_gates = int(mcfg.gate_style != "constant") + int(mcfg.use_momentum) + int(mcfg.use_decay)
     acc.add("memory_proj", n * (3 * 2 * D * HK + n_gates * 2 * D * mcfg.n_heads))
 
 
@@ -261,7 +305,8 @@ def count_flops(model_cfg, seq_len: int) -> FlopCount:
 
     Args:
       model_cfg: the ``model`` section of a config (``configs/<name>.py``), any registered
-        backbone: transformer, ttt_linear, ttt_mlp, lmm, mac, mag, mal.
+        backbone: transformer, ttt_linear, ttt_mlp, lmm, mac, mag, mal, linear_attention,
+        deltanet, gated_deltanet.
       seq_len: T.
     Returns:
       :class:`FlopCount` (multiply by the batch size for a batch).
@@ -277,7 +322,7 @@ def count_flops(model_cfg, seq_len: int) -> FlopCount:
         for _ in range(L):
             _attention(acc, D, (D // H) * H, T, int(model_cfg.get("window", 0)) or None)
             _mlp(acc, D, d_ff, T)
-    elif name in ("ttt_linear", "ttt_mlp", "lmm"):
+    elif name in ("ttt_linear", "ttt_mlp", "lmm") + LINEAR_RNNS:
         mcfg = memory_config(model_cfg)
         n_p = int(model_cfg.get("n_persistent", 0))
         for _ in range(L):
@@ -311,7 +356,7 @@ def count_flops(model_cfg, seq_len: int) -> FlopCount:
             _mlp(acc, D, d_ff, T)
     else:
         raise ValueError(f"no FLOP count for backbone {name!r}; known: transformer, ttt_linear, "
-                         "ttt_mlp, lmm, mac, mag, mal")
+                         "ttt_mlp, lmm, mac, mag, mal, " + ", ".join(LINEAR_RNNS))
     acc.add("head", T * 2 * D * V)
     return FlopCount(tokens=T, model={p: acc.model.get(p, 0.0) for p in PARTS},
                      executed={p: acc.executed.get(p, 0.0) for p in PARTS})
