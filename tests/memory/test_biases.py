@@ -11,7 +11,6 @@
 - bad values get one clear message.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,11 +18,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from titans_lm.memory import MLPMemory, memory_scan
+from titans_lm.memory import memory_scan
 from titans_lm.memory.biases import AttentionalBias, get_bias
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from _memory_call import call_fresh
+from _scan_problems import assert_chunked_equals_reference, documents_problem, small_memory
 
 T, D = 21, 4
 STARTS = (6, 13, 14)   # document starts inside chunks of 4 and 16
@@ -80,25 +80,13 @@ def test_lp_with_p_2_is_l2_and_huber_is_l2_within_delta():
 
 
 def inputs(seed=0):
-    rng = np.random.default_rng(seed)
-    k, v, q = (jnp.asarray(rng.normal(size=(T, D))) for _ in range(3))
-    theta = jnp.asarray(0.05 * rng.random(T))   # a stable write: reads stay O(1)
-    eta = jnp.asarray(0.9 * rng.random(T))
-    log_keep = jnp.asarray(-0.2 * rng.random(T))
-    reset = np.zeros(T, bool)
-    reset[list(STARTS)] = True
-    return (k, v, q, theta, eta, log_keep), jnp.asarray(reset)
-
-
-@functools.cache
-def _model(depth):
-    return "linear" if depth == 1 else MLPMemory(depth=2, expansion=1.5)
+    return documents_problem(T, D, STARTS, seed)
 
 
 def run(impl, chunk, bias, depth, params, args, reset):
     k, v, q, theta, eta, log_keep = args
     reads, (P, _) = memory_scan(params, tuple(map(jnp.zeros_like, params)), k, v, q, theta, eta,
-                                None, log_keep=log_keep, model=_model(depth), chunk_size=chunk,
+                                None, log_keep=log_keep, model=small_memory(depth), chunk_size=chunk,
                                 impl=impl, reset=reset, attentional_bias=bias)
     return reads, P
 
@@ -112,29 +100,11 @@ def test_chunked_equals_the_token_loop(name, depth):
         if depth == 1:
             params = (jnp.asarray(np.random.default_rng(1).normal(size=(D, D)) / 2),)
         else:
-            params = _model(2).init(jax.random.key(0), D, D, jnp.float64)
-        rng = np.random.default_rng(2)
-        w_reads = jnp.asarray(rng.normal(size=(T, D)))
-        w_state = tuple(jnp.asarray(rng.normal(size=p.shape)) for p in params)
-
-        def objective(impl, chunk):
-            def value(params, *args):
-                reads, P = run(impl, chunk, bias, depth, params, args, reset)
-                v = jnp.sum(reads * w_reads) + sum(jnp.sum(p * w) for p, w in zip(P, w_state))
-                return v, (reads, P)
-            return jax.value_and_grad(value, argnums=tuple(range(7)), has_aux=True)
-
-        for chunk in (1, 4, 16):
-            (_, (want_reads, want_P)), want_g = objective("reference", chunk)(params, *args)
-            (_, (got_reads, got_P)), got_g = objective("chunked", chunk)(params, *args)
-            assert float(jnp.max(jnp.abs(want_reads))) < 10   # the test is not of a divergence
-            np.testing.assert_allclose(got_reads, want_reads, rtol=0, atol=1e-10)
-            for a, b in zip(got_P, want_P):
-                np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
-            names = ("W0", "k", "v", "q", "theta", "eta", "log_keep")
-            for what, a, b in zip(names, jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
-                scale = max(1.0, float(jnp.max(jnp.abs(b))))
-                assert float(jnp.max(jnp.abs(a - b))) < 1e-9 * scale, (chunk, what)
+            params = small_memory(2).init(jax.random.key(0), D, D, jnp.float64)
+        assert_chunked_equals_reference(
+            lambda impl, chunk: lambda params, *args: run(impl, chunk, bias, depth, params, args,
+                                                          reset),
+            (params, *args), (1, 4, 16), ("W0", "k", "v", "q", "theta", "eta", "log_keep"), seed=2)
 
 
 def test_the_layer_passes_its_bias_to_the_engine():

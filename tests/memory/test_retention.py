@@ -12,40 +12,28 @@ float64:
 - bad combinations get one clear message.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from titans_lm.memory import MLPMemory, memory_scan
+from titans_lm.memory import memory_scan
 from titans_lm.memory.config import MemoryConfig
+from _scan_problems import assert_chunked_equals_reference, documents_problem, small_memory
 
 T, D = 21, 4
 STARTS = (6, 13, 14)   # document starts inside chunks of 4 and 16
 
 
 def inputs(seed=0):
-    rng = np.random.default_rng(seed)
-    k, v, q = (jnp.asarray(rng.normal(size=(T, D))) for _ in range(3))
-    theta = jnp.asarray(0.05 * rng.random(T))
-    eta = jnp.asarray(0.9 * rng.random(T))
-    log_keep = jnp.asarray(-0.3 * rng.random(T))
-    reset = np.zeros(T, bool)
-    reset[list(STARTS)] = True
-    return (k, v, q, theta, eta, log_keep), jnp.asarray(reset)
-
-
-@functools.cache
-def _model(depth):
-    return "linear" if depth == 1 else MLPMemory(depth=2, expansion=1.5)
+    return documents_problem(T, D, STARTS, seed, decay=0.3)
 
 
 def _params(depth, seed):
     if depth == 1:
         return (jnp.asarray(np.random.default_rng(seed).normal(size=(D, D)) / 2),)
-    return _model(2).init(jax.random.key(seed), D, D, jnp.float64)
+    return small_memory(2).init(jax.random.key(seed), D, D, jnp.float64)
 
 
 def test_the_reference_is_the_equation():
@@ -74,7 +62,7 @@ def test_the_reference_is_the_equation():
 def run(impl, chunk, depth, params, target, args, reset, state_length=None):
     k, v, q, theta, eta, log_keep = args
     reads, (P, _) = memory_scan(params, tuple(map(jnp.zeros_like, params)), k, v, q, theta, eta,
-                                None, log_keep=log_keep, model=_model(depth), chunk_size=chunk,
+                                None, log_keep=log_keep, model=small_memory(depth), chunk_size=chunk,
                                 impl=impl, reset=reset, reset_to=target, state_length=state_length,
                                 decay_target="initial")
     return reads, P
@@ -85,30 +73,11 @@ def test_chunked_equals_the_token_loop(depth):
     with jax.enable_x64(True):
         args, reset = inputs()
         params, target = _params(depth, 1), _params(depth, 2)
-        rng = np.random.default_rng(3)
-        w_reads = jnp.asarray(rng.normal(size=(T, D)))
-        w_state = tuple(jnp.asarray(rng.normal(size=p.shape)) for p in params)
-
-        def objective(impl, chunk, state_length):
-            def value(params, target, *args):
-                reads, P = run(impl, chunk, depth, params, target, args, reset, state_length)
-                v = jnp.sum(reads * w_reads) + sum(jnp.sum(p * w) for p, w in zip(P, w_state))
-                return v, (reads, P)
-            return jax.value_and_grad(value, argnums=tuple(range(8)), has_aux=True)
-
-        for chunk, state_length in ((1, None), (4, None), (16, None), (4, 10)):
-            (_, (want_reads, want_P)), want_g = objective("reference", chunk, state_length)(
-                params, target, *args)
-            (_, (got_reads, got_P)), got_g = objective("chunked", chunk, state_length)(
-                params, target, *args)
-            assert float(jnp.max(jnp.abs(want_reads))) < 10   # the test is not of a divergence
-            np.testing.assert_allclose(got_reads, want_reads, rtol=0, atol=1e-10)
-            for a, b in zip(got_P, want_P):
-                np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
-            names = ("W0", "target", "k", "v", "q", "theta", "eta", "log_keep")
-            for what, a, b in zip(names, jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
-                scale = max(1.0, float(jnp.max(jnp.abs(b))))
-                assert float(jnp.max(jnp.abs(a - b))) < 1e-9 * scale, (chunk, state_length, what)
+        assert_chunked_equals_reference(
+            lambda impl, case: lambda params, target, *args: run(impl, case[0], depth, params,
+                                                                 target, args, reset, case[1]),
+            (params, target, *args), ((1, None), (4, None), (16, None), (4, 10)),
+            ("W0", "target", "k", "v", "q", "theta", "eta", "log_keep"), seed=3)
 
 
 def test_a_silent_memory_stays_at_its_target():

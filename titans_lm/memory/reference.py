@@ -80,10 +80,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
             norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
             G = tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
         S = tuple(s if i in outer else eta_t * s - theta_t * g for i, (s, g) in enumerate(zip(S, G)))
-        P = tuple(p if i in outer else keep_t * p + s for i, (p, s) in enumerate(zip(P, S)))
-        if to_target:
-            P = tuple(p if i in outer else p + (1 - keep_t) * r
-                      for i, (p, r) in enumerate(zip(P, reset_to)))
+        P = tuple(p if i in outer else keep_t * p + s + ((1 - keep_t) * r if to_target else 0)
+                  for i, (p, s, r) in enumerate(zip(P, S, reset_to)))
         if running_mean:
             Pg = tuple(jnp.where(at_start, 0, p) for p in Pg)
             Sg = tuple(jnp.where(at_start, 0, s) for s in Sg)

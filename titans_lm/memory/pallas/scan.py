@@ -234,19 +234,18 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
     Unsupported problems (see :mod:`titans_lm.memory.pallas.plan`) run ``chunked`` and log why;
     so does a call with ``state_length`` (silently: it is the carried-state path by design).
     """
-    if decay_target != "zero":
-        log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
+    def whole_call_chunked():
         return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
                             chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                             log_keep=log_keep, state_length=state_length,
                             inside_starts=inside_starts, decay_target=decay_target)
+
+    if decay_target != "zero":
+        log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
+        return whole_call_chunked()
     if state_length is not None:
-        return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
-                            chunk_size=chunk_size, read=read, reset_to=reset_to,
-                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
-                            log_keep=log_keep, state_length=state_length,
-                            inside_starts=inside_starts)
+        return whole_call_chunked()
     backend, interpret = resolve_backend(backend, interpret, jax.default_backend())
     plan = make_plan(model, params0, k.dtype, seq_len=k.shape[0], chunk_size=chunk_size, read=read,
                      chunks_per_checkpoint=chunks_per_checkpoint, backend=backend,
@@ -254,11 +253,7 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                      log_keep=log_keep is not None)
     if isinstance(plan, str):
         log_fallback(plan)
-        return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
-                            chunk_size=chunk_size, read=read, reset_to=reset_to,
-                            chunks_per_checkpoint=chunks_per_checkpoint,
-                            running_mean=running_mean, log_keep=log_keep,
-                            inside_starts=inside_starts)
+        return whole_call_chunked()
 
     def exact_chunked(operands):
         p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
