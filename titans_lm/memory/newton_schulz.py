@@ -32,6 +32,7 @@ estimator ("straight_through": forward NS_k, backward the identity, as rkstgr/at
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -83,8 +84,25 @@ def orthogonalise(x: jax.Array, steps: int, gradient: str = "exact") -> jax.Arra
     if gradient == "exact":
         return newton_schulz(x, steps)
     if gradient == "straight_through":
-        return x + jax.lax.stop_gradient(newton_schulz(x, steps) - x)
+        return _straight_through(x, steps)
     raise ValueError(f"ns_gradient must be one of {NS_GRADIENTS}, got {gradient!r}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _straight_through(x, steps):
+    """NS_k(x) forward (bit for bit :func:`newton_schulz`), the identity backward."""
+    return newton_schulz(x, steps)
+
+
+def _straight_through_fwd(x, steps):
+    return newton_schulz(x, steps), None
+
+
+def _straight_through_bwd(steps, _, cotangent):
+    return (cotangent,)
+
+
+_straight_through.defvjp(_straight_through_fwd, _straight_through_bwd)
 
 
 def write_direction(s: jax.Array, steps: int, gradient: str = "exact") -> jax.Array:
