@@ -100,10 +100,11 @@ def test_parameters_carry_logical_axis_names():
     assert params["w_out"].get_metadata()["out_sharding"] == ("heads", "head_dim", "embed")
 
 
-@pytest.mark.parametrize("granularity", ["token", "chunk"])
-def test_causality_exact_including_inside_a_chunk(granularity):
+@pytest.mark.parametrize("rule", [dict(gate_granularity="token"), dict(gate_granularity="chunk"),
+                                  dict(ns_steps=5)], ids=["token", "chunk", "newton_schulz"])
+def test_causality_exact_including_inside_a_chunk(rule):
     with jax.enable_x64(True):
-        layer = make64(gate_granularity=granularity)
+        layer = make64(**rule)
         fn = jitted(layer)
         x = x_like(layer, 1, 24)
         y = fn(x)
@@ -113,9 +114,10 @@ def test_causality_exact_including_inside_a_chunk(granularity):
             assert float(jnp.max(jnp.abs(y2[0, j:] - y[0, j:]))) > 1e-6
 
 
-def test_packed_documents_equal_each_document_alone():
+@pytest.mark.parametrize("rule", [{}, dict(ns_steps=5)], ids=["plain", "newton_schulz"])
+def test_packed_documents_equal_each_document_alone(rule):
     with jax.enable_x64(True):
-        layer = make64()
+        layer = make64(**rule)
         fn = jitted(layer)
         x = x_like(layer, 1, 24, seed=2)
         # doc 1 (6 tokens) + 2 padding tokens, doc 2 from position 8, doc 3 from position 20.

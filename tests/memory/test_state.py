@@ -33,6 +33,8 @@ CONFIGS = {
                     bias_p=3.0),
     # the forget gate decays toward the state documents start from
     "decay_to_initial": dict(memory_depth=2, decay_target="initial"),
+    # Atlas' Muon rule: Newton-Schulz steps on the momentum (materialised chunk states)
+    "newton_schulz": dict(memory_depth=2, ns_steps=5),
 }
 
 
@@ -106,7 +108,7 @@ def test_strided_calls_equal_one_call(stride):
             np.testing.assert_allclose(got, want, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates"])
+@pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates", "newton_schulz"])
 def test_token_by_token_equals_one_call(name):
     with jax.enable_x64(True):
         x = x_input(2)

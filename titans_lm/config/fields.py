@@ -295,6 +295,15 @@ FIELDS: dict[str, Field] = {
                                     "the persistent tokens leave), so a carried state stays in "
                                     "the range training saw (gradient_at chunk_start).",
                                     _one_of("zero", "initial"), MEMORY_BACKBONES),
+    "model.memory.ns_steps": _f("Newton-Schulz steps on the momentum (Atlas' Muon rule; 0 = "
+                                "off, Atlas: 5): the momentum sums raw gradients and each weight "
+                                "matrix takes theta NS_k(momentum) (gradient_at chunk_start, no "
+                                "running mean; pallas runs chunked).",
+                                ("an integer >= 0", lambda v: isinstance(v, int)
+                                 and not isinstance(v, bool) and v >= 0), MEMORY_BACKBONES),
+    "model.memory.ns_gradient": _f("Backward of the Newton-Schulz steps: 'exact' (through the "
+                                   "iterations) or 'straight_through' (the identity; atlas-jax).",
+                                   _one_of("exact", "straight_through"), MEMORY_BACKBONES),
     "model.memory.impl": _f("Engine implementation (same math).",
                             ("'chunked' | 'reference' | 'pallas' | 'auto' or a registered one",
                              None), MEMORY_BACKBONES),

@@ -36,6 +36,8 @@ from titans_lm.memory.biases import DEFAULT_BIAS, get_bias
 from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients, with_running_mean
 from titans_lm.memory.delta import delta_chunked_scan
 from titans_lm.memory.inner_models import InnerModel, Params, PlainAccess
+from titans_lm.memory.newton_schulz import (chunk_states, ns_chunk_coefficients, read_states,
+                                            state_after)
 
 
 class GradientFactors(NamedTuple):
@@ -327,7 +329,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  running_mean: bool = False, log_keep=None, state_length=None,
                  surprise_max_norm: float = 0.0, inside_starts=None,
                  attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                 decay_target: str = "zero"):
+                 decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact"):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -363,8 +365,14 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
       decay_target: "zero" (Titans eq. 14) or "initial": the forget gate decays the state toward
         ``reset_to`` (the coefficients' R = 1 - B, :func:`chunk_coefficients`), so every read and
         chunk end adds R_i times the target.
+      ns_steps: k > 0 runs Atlas' Muon rule (Newton-Schulz steps on the momentum): each chunk's
+        per-token states are materialised (:func:`titans_lm.memory.newton_schulz.chunk_states`,
+        O(chunk_size d_in d_out) memory per weight matrix) instead of the dual form; not with
+        ``running_mean``. 0: the dual form.
+      ns_gradient: "exact" or "straight_through", NS_k's backward
+        (:func:`titans_lm.memory.newton_schulz.orthogonalise`).
     Raises:
-      ValueError: for chunks_per_checkpoint < 0.
+      ValueError: for chunks_per_checkpoint < 0, or ns_steps > 0 with running_mean.
     """
     if gradient_at == "previous_token":
         return delta_chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset,
@@ -374,6 +382,9 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     if int(chunks_per_checkpoint) != chunks_per_checkpoint or chunks_per_checkpoint < 0:
         raise ValueError(f"chunks_per_checkpoint must be an integer >= 0 (0: no rematerialisation), "
                          f"got {chunks_per_checkpoint}")
+    if ns_steps and running_mean:
+        raise ValueError("ns_steps > 0 (Newton-Schulz momentum) does not take running_mean (TTT's "
+                         "running-mean reads); turn one of them off")
     remat = chunks_per_checkpoint > 0
     T = k.shape[0]
     b = chunk_size
@@ -397,15 +408,17 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     per_chunk = lambda x: x.reshape((n_groups * g, b) + x.shape[1:])  # noqa: E731
     inside = None if inside_starts is False else in_chunk_starts(per_chunk(reset_p))
     to_target = decay_target == "initial"
+    coefficients = ns_chunk_coefficients if ns_steps else chunk_coefficients
     if log_keep is None:
-        coef = jax.vmap(lambda th, et, al, rs: chunk_coefficients(
+        coef = jax.vmap(lambda th, et, al, rs: coefficients(
             th, et, al, reset=rs, decay_to_target=to_target))(
             per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p), inside)
     else:
-        coef = jax.vmap(lambda th, et, lk, rs: chunk_coefficients(
+        coef = jax.vmap(lambda th, et, lk, rs: coefficients(
             th, et, None, log_keep=lk, reset=rs, decay_to_target=to_target))(
             per_chunk(theta_p), per_chunk(eta_p), per_chunk(_pad_rows(log_keep, total, 0)), inside)
-    ends = jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
+    # the dual form's end rows; materialised Newton-Schulz states pick a row by token count
+    ends = jnp.asarray(n_valid) if ns_steps else jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
     # Inside the loop each token picks the base of its gradient: P0, or the reset target from a
     # document start on (after_start). The factors at the target are recomputed per chunk inside
     # the checkpointed body rather than stored for every token.
@@ -414,13 +427,15 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     if keeping:
         starts = jnp.arange(n_groups * g, dtype=jnp.int32) * b
         length = jnp.clip(jnp.asarray(state_length, jnp.int32), 0, T)
-        keep_ends = jax.vmap(end_rows)(coef, jnp.clip(length - starts, 0, b))
+        keep_ends = jnp.clip(length - starts, 0, b)
+        if not ns_steps:
+            keep_ends = jax.vmap(end_rows)(coef, keep_ends)
         keep_flags = starts < length
     else:
         keep_ends = keep_flags = None
     if running_mean:
         coef = with_running_mean(coef, inside)
-    if read != "after_write":
+    if read != "after_write" and not ns_steps:
         coef = None   # the chunk-start read needs no coefficients inside the chunk
 
     def group_shape(x):
@@ -444,6 +459,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
             factors = when_inside(inside_starts, lambda: select_factors(
                 af, at_P0, gradient_factors(model, reset_to, kc, vc, attentional_bias)),
                 lambda: at_P0)
+        if ns_steps:
+            return ns_chunk((P, S), kept, factors, cf, ed, ked, kf, qc, af)
         cf, ed = clip_surprise(factors, surprise_max_norm, cf, ed)
         if keeping:
             _, ked = clip_surprise(factors, surprise_max_norm, None, ked)
@@ -452,16 +469,34 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
             reads = model.forward(_DualReadAccess(P, S, factors, cf, outer, reset_to,
                                                   True if to_target else inside_starts), qc)
         else:
-            reads = model.forward(PlainAccess(P), qc)
-            if af is not None:
-                at_P0 = reads
-                reads = when_inside(inside_starts, lambda: jnp.where(
-                    af[:, None], model.forward(PlainAccess(reset_to), qc), at_P0), lambda: at_P0)
+            reads = chunk_start_reads(P, qc, af)
         if keeping:
             P_k, S_k = end_state(P, S, factors, ked, outer, reset_to)
             kept = (tuple(jnp.where(kf, a, c) for a, c in zip(P_k, kept[0])),
                     tuple(jnp.where(kf, a, c) for a, c in zip(S_k, kept[1])))
         return (end_state(P, S, factors, ed, outer, reset_to), kept), reads
+
+    def chunk_start_reads(P, qc, af):
+        reads = model.forward(PlainAccess(P), qc)
+        if af is None:
+            return reads
+        return when_inside(inside_starts, lambda: jnp.where(
+            af[:, None], model.forward(PlainAccess(reset_to), qc), reads), lambda: reads)
+
+    def ns_chunk(state, kept, factors, cf, n_end, n_kept, kf, qc, af):
+        # Atlas' Muon rule: every token's state materialised (titans_lm.memory.newton_schulz)
+        scale = surprise_scale(factors, surprise_max_norm) if surprise_max_norm > 0 else None
+        P_all, S_all = chunk_states(*state, factors, cf, steps=ns_steps, gradient=ns_gradient,
+                                       outer=outer, reset_to=reset_to, scale=scale)
+        if read == "after_write":
+            reads = read_states(model, P_all, qc)
+        else:
+            reads = chunk_start_reads(state[0], qc, af)
+        if keeping:
+            P_k, S_k = state_after(P_all, S_all, state, n_kept)
+            kept = (tuple(jnp.where(kf, a, c) for a, c in zip(P_k, kept[0])),
+                    tuple(jnp.where(kf, a, c) for a, c in zip(S_k, kept[1])))
+        return (state_after(P_all, S_all, state, n_end), kept), reads
 
     state0 = (tuple(params0), tuple(momentum0))
     carry0 = (state0, state0 if keeping else None)

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from titans_lm.memory.biases import BIASES, AttentionalBias, bias_problem, get_bias
 from titans_lm.memory.features import FEATURE_MAPS, poly_width
 from titans_lm.memory.inner_models import InnerModel, make_inner_model
+from titans_lm.memory.newton_schulz import NS_GRADIENTS
 from titans_lm.memory.scan import DECAY_TARGETS, GRADIENT_AT, IMPLEMENTATIONS
 
 GATE_STYLES = ("titans", "ttt", "constant")
@@ -141,6 +142,21 @@ class MemoryConfig:
         Same as "zero" without learned_w0 and persistent tokens. Needs gradient_at
         "chunk_start"; impl "pallas" (and "auto" on GPU/TPU) then runs "chunked" (the kernel
         decays toward zero).
+      ns_steps: Newton-Schulz steps on the momentum, Atlas' Muon rule (arXiv:2505.23735;
+        docs/design.md#newton-schulz-momentum), off at 0. With k > 0 the momentum accumulates
+        the raw gradients and theta moves outside the map: S_t = eta_t S_{t-1} - G_t,
+        P_t = (1 - alpha_t) P_{t-1} + theta_t NS_k(S_t) for every weight matrix (NS_k: Muon's
+        quintic iteration, k = 5 in Atlas; it is scale invariant, so a theta inside S would
+        cancel), theta_t S_t for vector parameters (biases, LN scale and shift), which have no
+        orthogonalisation. Each write then has unit-scale singular values times theta, whatever
+        the gradient's size: theta_max bounds the step directly (the stable-range arithmetic
+        below assumes ns_steps 0). Composes with surprise_max_norm (the clip acts on G_t, so
+        it only changes the mix inside the momentum) and both decay targets. Needs gradient_at
+        "chunk_start" and read_running_mean False; impl "pallas" (and "auto" on GPU/TPU) then
+        runs "chunked", which materialises each chunk's per-token states
+        (O(chunk_size d_in d_out) memory per weight matrix, row and head).
+      ns_gradient: NS_k's backward: "exact" (differentiate through the iterations) or
+        "straight_through" (the identity, as atlas-jax does).
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
@@ -204,6 +220,8 @@ class MemoryConfig:
     learned_w0: bool = True
     gradient_at: str = "chunk_start"
     decay_target: str = "zero"
+    ns_steps: int = 0
+    ns_gradient: str = "exact"
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -258,6 +276,15 @@ class MemoryConfig:
         need(self.decay_target == "zero" or self.gradient_at == "chunk_start", "decay_target",
              "'initial' needs gradient_at 'chunk_start' (the delta rule's WY form decays toward "
              "zero); use decay_target 'zero' or gradient_at 'chunk_start'")
+        need(isinstance(self.ns_steps, int) and not isinstance(self.ns_steps, bool)
+             and self.ns_steps >= 0, "ns_steps", "must be an int >= 0 (0: off; Atlas uses 5)")
+        need(self.ns_gradient in NS_GRADIENTS, "ns_gradient", f"must be one of {NS_GRADIENTS}")
+        if self.ns_steps:
+            bad = [what for what, on in (("gradient_at 'chunk_start'",
+                                          self.gradient_at != "chunk_start"),
+                                         ("read_running_mean False", self.read_running_mean)) if on]
+            need(not bad, "ns_steps", f"> 0 (Newton-Schulz momentum) needs {', '.join(bad)}; set "
+                                      f"ns_steps 0 or change those")
         for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
             need(getattr(self, field) == default or self.impl in ("chunked", "reference"), field,
                  f"other than {default!r} is supported by impl 'chunked' and 'reference' only "

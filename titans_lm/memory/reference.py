@@ -11,6 +11,8 @@ current mini-batch. At token t (Titans eqs. 12-14, mini-batch size b = chunk_siz
     G  *= min(1, surprise_max_norm / ||G||)    (only with surprise_max_norm > 0: the guard)
     S   = eta_t S - theta_t G
     P   = (1 - alpha_t) P + S                               (or exp(log_keep_t) P + S)
+          (ns_steps = k > 0, Atlas' Muon rule: S = eta_t S - G, P = (1 - alpha_t) P
+           + theta_t NS_k(S) per weight matrix, theta_t S per vector; titans_lm.memory.newton_schulz)
           (decay_target="initial": (1 - alpha_t) P + alpha_t reset_to + S)
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
 
@@ -32,13 +34,14 @@ import jax.numpy as jnp
 
 from titans_lm.memory.biases import DEFAULT_BIAS
 from titans_lm.memory.inner_models import InnerModel
+from titans_lm.memory.newton_schulz import write_direction
 
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
                    log_keep=None, state_length=None, surprise_max_norm: float = 0.0,
                    attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                   decay_target: str = "zero"):
+                   decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact"):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -54,6 +57,9 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     gradient descent in Gated DeltaNet's order. ``state_length`` is None or an int32 scalar in 0..T,
     possibly traced. ``surprise_max_norm > 0`` clips each token's gradient to that norm.
     ``decay_target="initial"`` decays the state toward ``reset_to`` instead of toward zero.
+    ``ns_steps`` k > 0 keeps theta out of the momentum and writes theta_t NS_k(S) (a matrix) or
+    theta_t S (a vector), NS_k differentiated as ``ns_gradient`` says
+    (:mod:`titans_lm.memory.newton_schulz`).
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(lambda p, k_, v_: model.loss(p, k_, v_, attentional_bias))
@@ -79,9 +85,11 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         if surprise_max_norm > 0:
             norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
             G = tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
-        S = tuple(s if i in outer else eta_t * s - theta_t * g for i, (s, g) in enumerate(zip(S, G)))
-        P = tuple(p if i in outer else keep_t * p + s + ((1 - keep_t) * r if to_target else 0)
-                  for i, (p, s, r) in enumerate(zip(P, S, reset_to)))
+        lr = 1 if ns_steps else theta_t        # Atlas: theta outside NS_k, on the write
+        S = tuple(s if i in outer else eta_t * s - lr * g for i, (s, g) in enumerate(zip(S, G)))
+        W = tuple(theta_t * write_direction(s, ns_steps, ns_gradient) for s in S) if ns_steps else S
+        P = tuple(p if i in outer else keep_t * p + w + ((1 - keep_t) * r if to_target else 0)
+                  for i, (p, w, r) in enumerate(zip(P, W, reset_to)))
         if running_mean:
             Pg = tuple(jnp.where(at_start, 0, p) for p in Pg)
             Sg = tuple(jnp.where(at_start, 0, s) for s in Sg)

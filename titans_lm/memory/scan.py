@@ -31,6 +31,7 @@ from titans_lm.memory.biases import DEFAULT_BIAS, get_bias
 from titans_lm.memory.chunked import starts_inside_chunks
 from titans_lm.memory.delta import check_delta_model
 from titans_lm.memory.inner_models import InnerModel, resolve_model
+from titans_lm.memory.newton_schulz import NS_GRADIENTS
 from titans_lm.nn.segments import is_concrete
 
 IMPLEMENTATIONS: dict[str, str | Callable] = {
@@ -111,7 +112,8 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
                 reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                decay_target: str = "zero", **impl_options):
+                decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
+                **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -185,6 +187,17 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         ||P - reset_to||^2 instead of ||P||^2, in MIRAS' terms; docs/design.md#retention-toward-the-initial-state).
         A state carried for any length then stays near the states training saw. With
         gradient_at "chunk_start"; "pallas" (and "auto" on GPU/TPU) run "chunked" for it.
+      ns_steps: k >= 0 Newton-Schulz steps on the momentum (Atlas' Muon rule, arXiv:2505.23735;
+        docs/design.md#newton-schulz-momentum): k > 0 accumulates raw gradients,
+        S_t = eta_t S_{t-1} - G_t, and writes P_t = (1 - alpha_t) P_{t-1} + theta_t NS_k(S_t) per
+        weight matrix (theta_t S_t per vector parameter), NS_k Muon's quintic map
+        (:func:`titans_lm.memory.newton_schulz.newton_schulz`). 0 (default): the rule above.
+        With gradient_at "chunk_start" and no running mean; composes with the surprise clip
+        (on G_t) and both decay targets. "chunked" materialises each chunk's per-token states
+        (O(chunk_size d_in d_out) memory per weight matrix); "pallas" (and "auto" on GPU/TPU)
+        run "chunked" for it.
+      ns_gradient: NS_k's backward: "exact" (default: automatic differentiation through the
+        iterations) or "straight_through" (the identity; Atlas' estimator).
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
@@ -256,6 +269,9 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     bias = get_bias(attentional_bias)
     _check_rule(fn, impl, model, bias.name, gradient_at, eta, running_mean,
                 impl_options.get("surprise_max_norm", 0.0), decay_target)
+    _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_mean)
+    if ns_steps:
+        impl_options.update(ns_steps=ns_steps, ns_gradient=ns_gradient)
     if bias.name != DEFAULT_BIAS:
         impl_options["attentional_bias"] = bias
     if gradient_at != GRADIENT_AT[0]:
@@ -318,6 +334,28 @@ def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_
                              f"with the l2 bias and no momentum, running mean or surprise clip; "
                              f"got {', '.join(problems)}. Turn those off or use "
                              f"gradient_at='chunk_start'")
+
+
+def _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_mean):
+    """Raise ValueError for Newton-Schulz options that are bad or that ``impl`` or the rest of
+    the configuration does not support (one message naming the field and the fix)."""
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 0:
+        raise ValueError(f"ns_steps must be an int >= 0 (0: off; Atlas uses 5), got {ns_steps!r}")
+    if ns_gradient not in NS_GRADIENTS:
+        raise ValueError(f"ns_gradient must be one of {NS_GRADIENTS}, got {ns_gradient!r}")
+    if not ns_steps:
+        return
+    if gradient_at != GRADIENT_AT[0]:
+        raise ValueError(f"ns_steps > 0 (Newton-Schulz momentum) needs gradient_at="
+                         f"{GRADIENT_AT[0]!r}; the delta rule's WY form ({gradient_at!r}) has no "
+                         f"momentum to orthogonalise. Set ns_steps=0 or gradient_at="
+                         f"{GRADIENT_AT[0]!r}")
+    if running_mean:
+        raise ValueError("ns_steps > 0 (Newton-Schulz momentum) does not take running_mean (TTT's "
+                         "running-mean reads); turn one of them off")
+    if not _accepts(fn, "ns_steps"):
+        raise ValueError(f"ns_steps > 0 is supported by impl 'chunked', 'reference', 'pallas' and "
+                         f"'auto' only, not {impl!r}; change impl or set ns_steps=0")
 
 
 def _accepts(fn, name: str) -> bool:
