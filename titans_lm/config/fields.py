@@ -203,8 +203,10 @@ FIELDS: dict[str, Field] = {
                                     "L_M).", ("in 1..4", lambda v: 1 <= v <= 4), MEMORY_BACKBONES),
     "model.memory.memory_expansion": _f("Inner MLP hidden width / head_dim (depth >= 2).",
                                         POSITIVE, MEMORY_BACKBONES),
-    "model.memory.memory_activation": _f("Inner MLP activation.",
-                                         _one_of("silu", "gelu", "gelu_tanh"), MEMORY_BACKBONES),
+    "model.memory.memory_activation": _f("Inner MLP activation; 'swiglu' (depth 2, no bias): "
+                                         "f(x) = (silu(x W_1) * (x W_3)) W_2, LaCT's fast weights.",
+                                         _one_of("silu", "gelu", "gelu_tanh", "swiglu"),
+                                         MEMORY_BACKBONES),
     "model.memory.memory_bias": _f("Biases in the inner model (fast weights too).",
                                    _one_of(False, True), MEMORY_BACKBONES),
     "model.memory.memory_residual_ln": _f("TTT's inner model x + LN(f(x)).",
@@ -295,6 +297,11 @@ FIELDS: dict[str, Field] = {
                                     "the persistent tokens leave), so a carried state stays in "
                                     "the range training saw (gradient_at chunk_start).",
                                     _one_of("zero", "initial"), MEMORY_BACKBONES),
+    "model.memory.fast_weight_norm": _f("LaCT's weight normalisation: at every mini-batch end "
+                                        "each fast-weight matrix is rescaled, per output unit, to "
+                                        "the norms of the document's initial state "
+                                        "(gradient_at chunk_start, learned_w0).",
+                                        _one_of(False, True), MEMORY_BACKBONES),
     "model.memory.impl": _f("Engine implementation (same math).",
                             ("'chunked' | 'reference' | 'pallas' | 'auto' or a registered one",
                              None), MEMORY_BACKBONES),

@@ -111,7 +111,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                 chunk_size: int, impl: str = "chunked", read: str = "after_write", reset=None,
                 reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                decay_target: str = "zero", **impl_options):
+                decay_target: str = "zero", fast_weight_norm: bool = False, **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -185,6 +185,13 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         ||P - reset_to||^2 instead of ||P||^2, in MIRAS' terms; docs/design.md#retention-toward-the-initial-state).
         A state carried for any length then stays near the states training saw. With
         gradient_at "chunk_start"; "pallas" (and "auto" on GPU/TPU) run "chunked" for it.
+      fast_weight_norm: LaCT's weight normalisation (Zhang et al. 2025): at every mini-batch end
+        (t % chunk_size == chunk_size - 1, the token before a document start, and t = T - 1),
+        after that token's read, each weight matrix of the state is rescaled column by column
+        to the column norms of ``reset_to`` (:mod:`titans_lm.memory.weight_norm`); vectors
+        are left as they are. The state returned for ``state_length`` L >= 1 is normalised
+        too. With gradient_at "chunk_start"; implemented by "chunked" and "reference";
+        "pallas" (and "auto" on GPU/TPU) run "chunked" for it (logged once).
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
@@ -255,13 +262,15 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     fn = get_implementation(impl)
     bias = get_bias(attentional_bias)
     _check_rule(fn, impl, model, bias.name, gradient_at, eta, running_mean,
-                impl_options.get("surprise_max_norm", 0.0), decay_target)
+                impl_options.get("surprise_max_norm", 0.0), decay_target, fast_weight_norm)
     if bias.name != DEFAULT_BIAS:
         impl_options["attentional_bias"] = bias
     if gradient_at != GRADIENT_AT[0]:
         impl_options["gradient_at"] = gradient_at
     if decay_target != DECAY_TARGETS[0]:
         impl_options["decay_target"] = decay_target
+    if fast_weight_norm:
+        impl_options["fast_weight_norm"] = True
     if _accepts(fn, "inside_starts"):
         if impl_options.get("inside_starts") is None:
             impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
@@ -288,10 +297,10 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
 
 
 def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_max_norm,
-                decay_target=DECAY_TARGETS[0]):
-    """Raise ValueError for an attentional bias (``bias``: its name), gradient point or decay
-    target that ``impl`` or the rest of the configuration does not support (one message naming
-    the cause and the fix)."""
+                decay_target=DECAY_TARGETS[0], fast_weight_norm=False):
+    """Raise ValueError for an attentional bias (``bias``: its name), gradient point, decay
+    target or weight normalisation that ``impl`` or the rest of the configuration does not
+    support (one message naming the cause and the fix)."""
     if gradient_at not in GRADIENT_AT:
         raise ValueError(f"gradient_at must be one of {GRADIENT_AT}, got {gradient_at!r}")
     if decay_target not in DECAY_TARGETS:
@@ -299,9 +308,13 @@ def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_
     if gradient_at == "previous_token" and decay_target != DECAY_TARGETS[0]:
         raise ValueError("decay_target='initial' is not implemented for gradient_at="
                          "'previous_token' (its WY form decays toward zero); use one of the two")
+    if gradient_at == "previous_token" and fast_weight_norm:
+        raise ValueError("fast_weight_norm is not implemented for gradient_at='previous_token' "
+                         "(its WY form has no mini-batch end state); use one of the two")
     for name, value, default in (("attentional_bias", bias, DEFAULT_BIAS),
                                  ("gradient_at", gradient_at, GRADIENT_AT[0]),
-                                 ("decay_target", decay_target, DECAY_TARGETS[0])):
+                                 ("decay_target", decay_target, DECAY_TARGETS[0]),
+                                 ("fast_weight_norm", bool(fast_weight_norm), False)):
         if value != default and not _accepts(fn, name):
             raise ValueError(f"{name}={value!r} is supported by impl 'chunked' and 'reference' "
                              f"only, not {impl!r}; change impl or use {name}={default!r}")

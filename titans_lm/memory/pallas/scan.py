@@ -200,7 +200,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                 backend: str | None = None, interpret: bool | None = None,
                 precision: str = "highest", running_mean: bool = False, log_keep=None,
-                state_length=None, inside_starts=None, decay_target: str = "zero"):
+                state_length=None, inside_starts=None, decay_target: str = "zero",
+                fast_weight_norm: bool = False):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -225,6 +226,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         unbatched (``NeuralMemory.scan``).
       decay_target: as memory_scan's; the kernel decays toward zero, so "initial" runs
         ``chunked`` (logged once).
+      fast_weight_norm: as memory_scan's; the kernel does not normalise, so True runs
+        ``chunked`` (logged once).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -239,10 +242,14 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
                             chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                             log_keep=log_keep, state_length=state_length,
-                            inside_starts=inside_starts, decay_target=decay_target)
+                            inside_starts=inside_starts, decay_target=decay_target,
+                            fast_weight_norm=fast_weight_norm)
 
     if decay_target != "zero":
         log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
+        return whole_call_chunked()
+    if fast_weight_norm:
+        log_fallback("fast_weight_norm=True (the kernel does not normalise the fast weights)")
         return whole_call_chunked()
     if state_length is not None:
         return whole_call_chunked()
@@ -288,11 +295,11 @@ def auto_choice(platform: str) -> str:
 def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
-              decay_target: str = "zero", **pallas_options):
+              decay_target: str = "zero", fast_weight_norm: bool = False, **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
-    ``inside_starts`` and ``decay_target`` as :func:`pallas_scan`'s.
+    ``inside_starts``, ``decay_target`` and ``fast_weight_norm`` as :func:`pallas_scan`'s.
     """
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
@@ -300,9 +307,10 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                            log_keep=log_keep, state_length=state_length,
                            inside_starts=inside_starts, decay_target=decay_target,
-                           **pallas_options)
+                           fast_weight_norm=fast_weight_norm, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                         log_keep=log_keep, state_length=state_length,
-                        inside_starts=inside_starts, decay_target=decay_target)
+                        inside_starts=inside_starts, decay_target=decay_target,
+                        fast_weight_norm=fast_weight_norm)
