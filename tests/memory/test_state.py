@@ -33,6 +33,10 @@ CONFIGS = {
                     bias_p=3.0),
     # the forget gate decays toward the state documents start from
     "decay_to_initial": dict(memory_depth=2, decay_target="initial"),
+    # LaCT: SwiGLU fast weights, the dot bias, chunk-start reads, the weight norm at chunk ends
+    "lact": dict(memory_depth=2, memory_activation="swiglu", attentional_bias="dot",
+                 use_momentum=False, use_decay=False, fast_weight_norm=True, read="chunk_start",
+                 use_conv=False),
 }
 
 

@@ -182,6 +182,9 @@ FIELDS: dict[str, Field] = {
                              NON_NEGATIVE, TITANS),
     "model.memory_layers": _f("Which layers carry a memory; the others are the backbone's "
                               "attention alone.", MEMORY_LAYERS, ("mac", "mag", "mal")),
+    "model.combine": _f("How MAG merges its attention and memory branches: 'gate' (Titans' "
+                        "sigmoid gate and output projection) or 'sum' (y + m, LaCT's block; "
+                        "configs/lact.py).", _one_of("gate", "sum"), ("mag",)),
     "model.segment_len": _f("MAC segment length (a multiple of model.memory.chunk_size).",
                             _ints(1), ("mac",)),
     "model.memory_input": _f("What MAC's memory is written and read with: 'attention_output' "
