@@ -21,10 +21,10 @@ memory engine with
 
 Tiny (this file's one size): the tiny shape (d_model 256, 4 layers, 4 attention heads), 4 TTT
 heads of 64, chunk 512 and window 512, windows of 2,048 tokens so that a window has 4 chunks
-(batch 1: the tiny run's 2,048 tokens per step), no persistent tokens. The paper's language
-models (760M and 3B; Zhang et al. 2025, sec. 5): 4 TTT heads of d_model / 4 (512 at d_model
-2048), chunk 2048, window 2048, 32K-token training windows, Muon optional. What differs from the
-paper: docs/design.md#lact-large-chunks.
+(batch 1: the tiny run's 2,048 tokens per step), no persistent tokens. LaCT's language-model
+code defaults: 4 TTT heads of d_model / 4 (512 at d_model 2048, 24 layers), chunk 2048, window
+2048, Muon optional; it trains on windows many chunks long. What differs from the paper:
+docs/design.md#lact-large-chunks.
 """
 
 from __future__ import annotations
