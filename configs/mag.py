@@ -4,7 +4,8 @@ tiny | 170m | 340m | 400m | 760m.
 The hybrid of ``titans_lm.models.mag``: sliding-window attention and the neural memory in parallel,
 combined by a non-linear gate; N_p persistent tokens prepended once to the sequence. Sliding
 window: 64 tokens at tiny, 1024 at the paper sizes (the paper does not state its window; 1024 is a
-quarter of the 4K context). ``model.memory_layers`` ("all", "none" or indices such as "0,2") says
+quarter of the 4K context). ``model.combine``: "gate" (Titans) or "sum" (configs/lact.py).
+``model.memory_layers ("all", "none" or indices such as "0,2") says
 which layers carry memory; the others are plain sliding-window attention.
 
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
@@ -34,5 +35,6 @@ def get_config(size: str = "tiny"):
     """
     c = titans_config("mag", size, _PAPER)
     c.model.memory_layers = "all"
+    c.model.combine = "gate"
     c.model.window = 64 if c.model.size == "tiny" else 1024
     return c

@@ -81,7 +81,7 @@ from titans_lm.train.plot import pyplot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal",
-             "linear_attention", "deltanet", "gated_deltanet")
+             "linear_attention", "deltanet", "gated_deltanet", "lact")
 MEMORY_BACKBONES = BACKBONES[2:]
 TARGETS = {"engine": "titans_lm.bench.engine", "pallas": "titans_lm.bench.pallas",
            "streaming": "titans_lm.bench.streaming"}

@@ -35,6 +35,10 @@ CONFIGS = {
     "decay_to_initial": dict(memory_depth=2, decay_target="initial"),
     # Atlas' Muon rule: Newton-Schulz steps on the momentum (materialised chunk states)
     "newton_schulz": dict(memory_depth=2, ns_steps=5),
+    # LaCT: SwiGLU fast weights, the dot bias, chunk-start reads, the weight norm at chunk ends
+    "lact": dict(memory_depth=2, memory_activation="swiglu", attentional_bias="dot",
+                 use_momentum=False, use_decay=False, fast_weight_norm=True, read="chunk_start",
+                 use_conv=False),
 }
 
 

@@ -7,6 +7,8 @@ tokens of adversarial input (docs/design.md#stable-range), in float32 as trained
   initial value (with decay; training moves it);
 - the presets are those of ``configs/*.py`` (deduplicated: LMM, MAC, MAG and MAL share one),
   the Titans one at memory depth 1 to 4;
+- LaCT's (SwiGLU fast weights, the dot bias, chunks of 512) keeps its weight matrices at W0's
+  column norms (``fast_weight_norm``), so its band holds by construction;
 - the band: a memory with a learned W0 keeps ||P_t|| within [1/2, 2] x ||P_init|| (the Titans
   presets decay toward P_init: ``decay_target``); one that starts at zero reads at most 2
   (unit values; the delta rule fits them); linear attention's normalised read is a convex
@@ -48,7 +50,7 @@ def presets() -> dict:
 
 CASES = [("lmm", depth) for depth in (1, 2, 3, 4)] + [
     (name, None) for name in ("ttt_linear", "ttt_mlp", "linear_attention", "deltanet",
-                              "gated_deltanet")]
+                              "gated_deltanet", "lact")]
 
 
 def test_the_cases_cover_every_shipped_preset():
@@ -90,7 +92,8 @@ def test_a_preset_stays_in_its_band_over_64k_adversarial_tokens(name, depth):
         reads, (P, _) = memory_scan(W0, tuple(map(jnp.zeros_like, W0)), k, v, k, full(theta),
                                     full(eta), full(alpha), model=model, chunk_size=m.chunk_size,
                                     gradient_at=m.gradient_at, decay_target=m.decay_target,
-                                    attentional_bias=bias)
+                                    attentional_bias=bias, read=m.read,
+                                    fast_weight_norm=m.fast_weight_norm)
         assert bool(jnp.all(jnp.isfinite(reads))), (kind, "reads")
         norm = lambda ps: float(jnp.sqrt(sum(jnp.sum(p * p) for p in ps)))  # noqa: E731
         assert np.isfinite(norm(P)), (kind, "state")

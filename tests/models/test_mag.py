@@ -1,4 +1,5 @@
-"""Titans MAG backbone: sliding-window attention and the memory in parallel, combined by a gate."""
+"""Titans MAG backbone: sliding-window attention and the memory in parallel, combined by a gate
+(or summed: LaCT's block, configs/lact.py)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,3 +45,23 @@ def test_config_and_persistent_switch():
     model = build(small_model_cfg("mag", "float32", n_layers=1, n_persistent=0))
     assert model.persistent is None and model.blocks[0].mixer.attention.n_persistent == 0
     assert "persistent" not in nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def test_the_sum_combine_adds_the_branches():
+    """``combine="sum"`` (LaCT's block): o = y + m, no gate, no parameters of its own."""
+    mixer = build(small_model_cfg("mag", "float32", n_layers=1, combine="sum")).blocks[0].mixer
+    x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
+    got = forward_mixer(mixer, x, ids)
+    y = forward_mixer(mixer.attention, x, ids)
+    m = forward_mixer(mixer.memory, x, ids)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(y + m), rtol=1e-5, atol=1e-6)
+    assert not nnx.to_pure_dict(nnx.state(mixer.combine, nnx.Param))
+
+
+def test_lact_is_causal_and_keeps_documents_apart():
+    """configs/lact.py at test size with chunks of 16 (SwiGLU fast weights, the dot bias,
+    chunk-start reads, the weight norm toward the state the test's persistent tokens leave;
+    window and memory summed)."""
+    model = run_probe("lact", memory__chunk_size=16)
+    mixer = model.blocks[0].mixer
+    assert type(mixer) is MAGMixer and mixer.memory.cfg.fast_weight_norm

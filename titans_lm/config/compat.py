@@ -28,11 +28,12 @@ TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
 # counts only where the requested config has it.
 ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False,
                 "model.memory_input": "attention_output", "model.memory_ablation": "none",
+                "model.combine": "gate",
                 # the memory's rule fields: a checkpoint without them ran their defaults
                 **{f"model.memory.{k}": MEMORY_DEFAULTS[k] for k in (
                     "attentional_bias", "bias_p", "huber_delta", "feature_map", "feature_degree",
                     "read_normalizer", "learned_w0", "gradient_at", "decay_target", "ns_steps",
-                    "ns_gradient")}}
+                    "ns_gradient", "fast_weight_norm")}}
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

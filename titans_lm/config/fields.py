@@ -182,6 +182,9 @@ FIELDS: dict[str, Field] = {
                              NON_NEGATIVE, TITANS),
     "model.memory_layers": _f("Which layers carry a memory; the others are the backbone's "
                               "attention alone.", MEMORY_LAYERS, ("mac", "mag", "mal")),
+    "model.combine": _f("How MAG merges its attention and memory branches: 'gate' (Titans' "
+                        "sigmoid gate and output projection) or 'sum' (y + m, LaCT's block; "
+                        "configs/lact.py).", _one_of("gate", "sum"), ("mag",)),
     "model.segment_len": _f("MAC segment length (a multiple of model.memory.chunk_size).",
                             _ints(1), ("mac",)),
     "model.memory_input": _f("What MAC's memory is written and read with: 'attention_output' "
@@ -203,8 +206,10 @@ FIELDS: dict[str, Field] = {
                                     "L_M).", ("in 1..4", lambda v: 1 <= v <= 4), MEMORY_BACKBONES),
     "model.memory.memory_expansion": _f("Inner MLP hidden width / head_dim (depth >= 2).",
                                         POSITIVE, MEMORY_BACKBONES),
-    "model.memory.memory_activation": _f("Inner MLP activation.",
-                                         _one_of("silu", "gelu", "gelu_tanh"), MEMORY_BACKBONES),
+    "model.memory.memory_activation": _f("Inner MLP activation; 'swiglu' (depth 2, no bias): "
+                                         "f(x) = (silu(x W_1) * (x W_3)) W_2, LaCT's fast weights.",
+                                         _one_of("silu", "gelu", "gelu_tanh", "swiglu"),
+                                         MEMORY_BACKBONES),
     "model.memory.memory_bias": _f("Biases in the inner model (fast weights too).",
                                    _one_of(False, True), MEMORY_BACKBONES),
     "model.memory.memory_residual_ln": _f("TTT's inner model x + LN(f(x)).",
@@ -304,6 +309,11 @@ FIELDS: dict[str, Field] = {
     "model.memory.ns_gradient": _f("Backward of the Newton-Schulz steps: 'exact' (through the "
                                    "iterations) or 'straight_through' (the identity; atlas-jax).",
                                    _one_of("exact", "straight_through"), MEMORY_BACKBONES),
+    "model.memory.fast_weight_norm": _f("LaCT's weight normalisation: at every mini-batch end "
+                                        "each fast-weight matrix is rescaled, per output unit, to "
+                                        "the norms of the document's initial state "
+                                        "(gradient_at chunk_start, learned_w0).",
+                                        _one_of(False, True), MEMORY_BACKBONES),
     "model.memory.impl": _f("Engine implementation (same math).",
                             ("'chunked' | 'reference' | 'pallas' | 'auto' or a registered one",
                              None), MEMORY_BACKBONES),

@@ -38,6 +38,7 @@ from titans_lm.memory.delta import delta_chunked_scan
 from titans_lm.memory.inner_models import InnerModel, Params, PlainAccess
 from titans_lm.memory.newton_schulz import (chunk_states, ns_chunk_coefficients, read_states,
                                             state_after)
+from titans_lm.memory.weight_norm import normalize_fast_weights
 
 
 class GradientFactors(NamedTuple):
@@ -329,7 +330,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  running_mean: bool = False, log_keep=None, state_length=None,
                  surprise_max_norm: float = 0.0, inside_starts=None,
                  attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                 decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact"):
+                 decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
+                 fast_weight_norm: bool = False):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -371,6 +373,13 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         ``running_mean``. 0: the dual form.
       ns_gradient: "exact" or "straight_through", NS_k's backward
         (:func:`titans_lm.memory.newton_schulz.orthogonalise`).
+      fast_weight_norm: LaCT's weight normalisation (:mod:`titans_lm.memory.weight_norm`): each
+        chunk-end state's weight matrices are rescaled to ``reset_to``'s column norms (one
+        rescale per matrix and chunk), and so is the state kept at ``state_length`` L >= 1. The
+        reads inside a chunk (``read="after_write"``) see the states before it; a chunk-start
+        read never sees an unnormalised state. A mini-batch that a document start ends inside a
+        chunk is discarded by the reset, so only its kept state (L at the start) shows its
+        normalisation.
     Raises:
       ValueError: for chunks_per_checkpoint < 0, or ns_steps > 0 with running_mean.
     """
@@ -441,8 +450,9 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     def group_shape(x):
         return x.reshape((n_groups, g) + x.shape[1:])
 
+    nonempty = jnp.asarray(n_valid > 0) if fast_weight_norm else None
     xs = (per_chunk(k_p), per_chunk(v_p), per_chunk(q_p), coef, ends,
-          reset_p.reshape(n_groups * g, b)[:, 0], keep_ends, keep_flags, after)
+          reset_p.reshape(n_groups * g, b)[:, 0], keep_ends, keep_flags, after, nonempty)
     xs = jax.tree.map(group_shape, xs)
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     outer = model.outer_params()
@@ -450,7 +460,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
 
     def one_chunk(carry, x):
         (P, S), kept = carry
-        kc, vc, qc, cf, ed, rs, ked, kf, af = x
+        kc, vc, qc, cf, ed, rs, ked, kf, af, ne = x
         P = tuple(jnp.where(rs, r, p) for r, p in zip(reset_to, P))
         S = tuple(jnp.where(rs, z, s) for z, s in zip(zeros, S))
         factors = gradient_factors(model, P, kc, vc, attentional_bias)
@@ -472,9 +482,15 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
             reads = chunk_start_reads(P, qc, af)
         if keeping:
             P_k, S_k = end_state(P, S, factors, ked, outer, reset_to)
+            if fast_weight_norm:
+                P_k = normalize_fast_weights(P_k, reset_to, outer)
             kept = (tuple(jnp.where(kf, a, c) for a, c in zip(P_k, kept[0])),
                     tuple(jnp.where(kf, a, c) for a, c in zip(S_k, kept[1])))
-        return (end_state(P, S, factors, ed, outer, reset_to), kept), reads
+        P_end, S_end = end_state(P, S, factors, ed, outer, reset_to)
+        if fast_weight_norm:   # an empty (padding) chunk passes the state through as it is
+            P_end = tuple(jnp.where(ne, a, c) for a, c in
+                          zip(normalize_fast_weights(P_end, reset_to, outer), P_end))
+        return ((P_end, S_end), kept), reads
 
     def chunk_start_reads(P, qc, af):
         reads = model.forward(PlainAccess(P), qc)

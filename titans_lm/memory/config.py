@@ -51,7 +51,10 @@ class MemoryConfig:
       head_dim: d_k = d_v of each head's memory.
       memory_depth: 1 = linear memory, 2..4 = MLP memory (Titans' L_M).
       memory_expansion: MLP hidden width / head_dim.
-      memory_activation: "silu" | "gelu" | "gelu_tanh" (MLP memories).
+      memory_activation: "silu" | "gelu" | "gelu_tanh" (MLP memories), or "swiglu" with
+        memory_depth 2 and no memory_bias: f(x) = (silu(x W_1) * (x W_3)) W_2, LaCT's fast
+        weights (:class:`~titans_lm.memory.inner_models.SwiGLUMemory`; hidden width
+        memory_expansion * head_dim).
       memory_bias: biases in the inner model (fast weights too).
       memory_residual_ln: TTT's inner model x + LN(f(x)) (fits LN(f(k)) to v - k).
       memory_ln_fast: with memory_residual_ln, the LN scale and shift are fast weights updated
@@ -157,6 +160,13 @@ class MemoryConfig:
         (O(chunk_size d_in d_out) memory per weight matrix, row and head).
       ns_gradient: NS_k's backward: "exact" (differentiate through the iterations) or
         "straight_through" (the identity, as atlas-jax does).
+      fast_weight_norm: LaCT's weight normalisation (Zhang et al. 2025, arXiv:2505.23884), its
+        replacement for a forget gate: at every mini-batch end each fast-weight matrix is
+        rescaled column by column (per output unit, over the input dim) to the norms of the
+        state the document started from (:mod:`titans_lm.memory.weight_norm`;
+        docs/design.md#lact-large-chunks). Needs gradient_at "chunk_start" and learned_w0
+        (a zero W0 has no norms to keep); impl "pallas" (and "auto" on GPU/TPU) then runs
+        "chunked".
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
@@ -222,6 +232,7 @@ class MemoryConfig:
     decay_target: str = "zero"
     ns_steps: int = 0
     ns_gradient: str = "exact"
+    fast_weight_norm: bool = False
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -243,8 +254,11 @@ class MemoryConfig:
              "chunks_per_checkpoint", "must be an int >= 0 (0: no rematerialisation)")
         need(1 <= self.memory_depth <= 4, "memory_depth", "must be in 1..4 (1 = linear)")
         need(self.memory_expansion > 0, "memory_expansion", "must be positive")
-        need(self.memory_activation in ("silu", "gelu", "gelu_tanh"), "memory_activation",
-             "must be 'silu', 'gelu' or 'gelu_tanh'")
+        need(self.memory_activation in ("silu", "gelu", "gelu_tanh", "swiglu"), "memory_activation",
+             "must be 'silu', 'gelu', 'gelu_tanh' or 'swiglu'")
+        need(self.memory_activation != "swiglu" or (self.memory_depth == 2 and not self.memory_bias),
+             "memory_activation", "'swiglu' (three matrices, no biases) needs memory_depth 2 and "
+             "memory_bias False")
         need(self.theta_max > 0, "theta_max", "must be positive")
         need(self.ttt_base_lr > 0, "ttt_base_lr", "must be positive")
         need(0 < self.eta_max <= 1, "eta_max", "must be in (0, 1]")
@@ -282,7 +296,8 @@ class MemoryConfig:
         if self.ns_steps:
             bad = [what for what, on in (("gradient_at 'chunk_start'",
                                           self.gradient_at != "chunk_start"),
-                                         ("read_running_mean False", self.read_running_mean)) if on]
+                                         ("read_running_mean False", self.read_running_mean),
+                                         ("fast_weight_norm False", self.fast_weight_norm)) if on]
             need(not bad, "ns_steps", f"> 0 (Newton-Schulz momentum) needs {', '.join(bad)}; set "
                                       f"ns_steps 0 or change those")
         for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
@@ -306,6 +321,12 @@ class MemoryConfig:
                 ("learned_w0 False (the normaliser starts at zero)", self.learned_w0),
                 ("memory_depth 1 without memory_bias or memory_residual_ln", not linear)) if on]
             need(not bad, "read_normalizer", f"True needs {'; '.join(bad)}")
+        need(isinstance(self.fast_weight_norm, bool), "fast_weight_norm", "must be True or False")
+        if self.fast_weight_norm:
+            bad = [what for what, on in (
+                ("gradient_at 'chunk_start'", self.gradient_at != "chunk_start"),
+                ("learned_w0 True (a zero W0 has no norms to keep)", not self.learned_w0)) if on]
+            need(not bad, "fast_weight_norm", f"True needs {', '.join(bad)}")
         need(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}")
         need(self.param_dtype in DTYPES, "param_dtype", f"must be one of {DTYPES}")
         need(self.norm_eps > 0, "norm_eps", "must be positive")

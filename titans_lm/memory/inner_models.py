@@ -10,6 +10,11 @@ vector (bias, LayerNorm scale or shift) broadcast over the rows. Layouts:
   W_1 [d_k, h], W_l [h, h], W_L [h, d_v]; with ``bias=True`` each W_l is followed by its bias:
   ``(W_1, b_1, ..., W_L, b_L)``. f(x) = act(... act(x W_1 + b_1) ...) W_L + b_L.
   Titans' deep memory (L_M >= 2, arXiv:2501.00663 sec. 3.1); TTT-MLP's inner model (L = 2, GELU).
+* :class:`SwiGLUMemory`: ``(W_1, W_3, W_2)`` with W_1, W_3 [d_k, h], W_2 [h, d_v], no biases.
+  f(x) = (silu(x W_1) * (x W_3)) W_2, the gated MLP of Shazeer (2020) as fast weights: LaCT's
+  inner model (Zhang et al. 2025, arXiv:2505.23884), whose column-vector form
+  W_down (silu(W_gate x) * (W_up x)) this is, transposed. W_1 and W_3 both take x: two matrices,
+  each applied once, so the chunked dual form holds as for any MLP.
 * :class:`ResidualLN` wraps an inner model g with d_k = d_v: f(x) = x + LN(g(x)), LN over the
   last axis with a learned scale and shift. Layout: g's parameters, then
   ``(ln_scale [d_v], ln_shift [d_v])``, fast weights or (``fast_ln=False``, TTT) outer-loop
@@ -262,6 +267,45 @@ class MLPMemory(InnerModel):
 
 
 @dataclasses.dataclass(frozen=True)
+class SwiGLUMemory(InnerModel):
+    """f(x) = (silu(x W_1) * (x W_3)) W_2, no biases: LaCT's SwiGLU fast weights.
+
+    Layout ``(W_1, W_3, W_2)``: W_1 (gate) and W_3 (up) [d_in, h], W_2 (down) [h, d_out]. The
+    hidden width h is read from the parameters; ``expansion`` sets it in :meth:`init`
+    (h = round(expansion * d_in); LaCT: 1), or ``hidden`` when > 0. Every matrix is
+    LeCun-normal at init (std 1/sqrt(fan_in), as LaCT's fast weights).
+    """
+
+    expansion: float = 1.0
+    hidden: int = 0
+
+    def __post_init__(self):
+        if self.expansion <= 0:
+            raise ValueError(f"SwiGLUMemory.expansion must be positive, got {self.expansion}")
+
+    def forward(self, access, x):
+        return access.matmul(2, jax.nn.silu(access.matmul(0, x)) * access.matmul(1, x))
+
+    def hidden_width(self, d_in: int) -> int:
+        return self.hidden if self.hidden > 0 else max(1, int(round(self.expansion * d_in)))
+
+    def param_shapes(self, d_in, d_out):
+        h = self.hidden_width(d_in)
+        return ((d_in, h), (d_in, h), (h, d_out))
+
+    def check_params(self, params):
+        name = repr(self)
+        _check_count(params, 3, name, "(W_1, W_3, W_2)")
+        d_in, h = _check_matrix(params, 0, None, None, name)
+        _check_matrix(params, 1, d_in, h, name)
+        _, d_out = _check_matrix(params, 2, h, None, name)
+        return d_in, d_out
+
+    def _init_one(self, rng, index, shape, dtype):
+        return _lecun(rng, shape, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
 class ResidualLN(InnerModel):
     """f(x) = x + LN(g(x)), TTT's residual + LayerNorm inner model (arXiv:2407.04620 sec. 2.7).
 
@@ -324,11 +368,13 @@ class ResidualLN(InnerModel):
 _SHORTHANDS = {
     "linear": LinearMemory(),
     "mlp": MLPMemory(depth=2, activation="silu", bias=False),
+    "swiglu": SwiGLUMemory(),
 }
 
 
 def resolve_model(model: InnerModel | str) -> InnerModel:
-    """Turn a shorthand ("linear", "mlp": depth 2, SiLU, no biases) or a spec into a spec.
+    """Turn a shorthand ("linear", "mlp": depth 2, SiLU, no biases; "swiglu": SwiGLU of
+    expansion 1) or a spec into a spec.
 
     Raises:
       ValueError: for an unknown shorthand or an object that is not an InnerModel.
@@ -347,14 +393,22 @@ def make_inner_model(depth: int, *, expansion: float = 4.0, activation: str = "s
                      bias: bool = False, residual_ln: bool = False,
                      fast_ln: bool = True, hidden: int = 0) -> InnerModel:
     """The inner model of a memory of ``depth`` layers (1 = linear, 2..4 = MLP; ``hidden`` > 0
-    fixes an MLP's hidden width, else expansion * d_in).
+    fixes an MLP's hidden width, else expansion * d_in). ``activation="swiglu"`` with depth 2 and
+    no bias is :class:`SwiGLUMemory` (the gate is the activation: three matrices).
 
     ``residual_ln`` wraps it as x + LN(g(x)) (:class:`ResidualLN`), whose LN scale and shift are
     fast weights with ``fast_ln`` and outer-loop parameters without.
 
     Raises:
-      ValueError: for a depth outside 1..4 or an unknown activation.
+      ValueError: for a depth outside 1..4, an unknown activation, or "swiglu" with a depth other
+        than 2 or with bias.
     """
+    if activation == "swiglu":
+        if depth != 2 or bias:
+            raise ValueError(f"the 'swiglu' inner model has depth 2 and no biases, got depth "
+                             f"{depth} and bias={bias}; set memory_depth 2 and memory_bias False")
+        swiglu = SwiGLUMemory(expansion=expansion, hidden=hidden)
+        return ResidualLN(swiglu, fast_ln=fast_ln) if residual_ln else swiglu
     if depth == 1:
         base: InnerModel = LinearMemory(bias=bias)
     elif 2 <= depth <= 4:

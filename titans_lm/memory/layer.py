@@ -316,6 +316,8 @@ class NeuralMemory(nnx.Module):
         options.update(attentional_bias=cfg.bias(), gradient_at=cfg.gradient_at,
                        decay_target=cfg.decay_target, ns_steps=cfg.ns_steps,
                        ns_gradient=cfg.ns_gradient)
+        if cfg.fast_weight_norm:
+            options["fast_weight_norm"] = True
         q, k = self._features(q), self._features(k)
         if cfg.read_normalizer:   # z = sum theta phi(k) rides along as the last value column
             v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)

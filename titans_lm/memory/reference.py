@@ -15,13 +15,18 @@ current mini-batch. At token t (Titans eqs. 12-14, mini-batch size b = chunk_siz
            + theta_t NS_k(S) per weight matrix, theta_t S per vector; titans_lm.memory.newton_schulz)
           (decay_target="initial": (1 - alpha_t) P + alpha_t reset_to + S)
     y_t = f(q_t; P)      (read="after_write")   or   f(q_t; P_start)   (read="chunk_start")
+    if fast_weight_norm and t ends a mini-batch:             # LaCT's weight normalisation
+        P <- normalize_fast_weights(P, reset_to)            # after the read of token t
+          (t ends a mini-batch: t % b == b - 1, reset[t + 1], or t = T - 1)
 
 A document start inside a chunk thus cuts that chunk in two mini-batches; the chunk grid (t % b)
 stays where it is (docs/design.md#resets-inside-a-chunk).
 
 (see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads). With
 ``state_length`` L the scan also carries the state after token L - 1 (the initial state for
-L = 0), which it returns instead of the final one; the reads are those of all T tokens.
+L = 0), which it returns instead of the final one (with ``fast_weight_norm`` normalised, as if
+a mini-batch ended at L - 1; for L = 0 the initial state as given); the reads are those of all
+T tokens.
 
 The backward pass of this scan stores the carried weights at every token; it exists to be
 obviously correct, not fast.
@@ -35,13 +40,15 @@ import jax.numpy as jnp
 from titans_lm.memory.biases import DEFAULT_BIAS
 from titans_lm.memory.inner_models import InnerModel
 from titans_lm.memory.newton_schulz import write_direction
+from titans_lm.memory.weight_norm import normalize_fast_weights
 
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
                    log_keep=None, state_length=None, surprise_max_norm: float = 0.0,
                    attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                   decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact"):
+                   decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
+                   fast_weight_norm: bool = False):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -60,6 +67,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     ``ns_steps`` k > 0 keeps theta out of the momentum and writes theta_t NS_k(S) (a matrix) or
     theta_t S (a vector), NS_k differentiated as ``ns_gradient`` says
     (:mod:`titans_lm.memory.newton_schulz`).
+    ``fast_weight_norm`` rescales the weight matrices to ``reset_to``'s column norms at every
+    mini-batch end, after that token's read (:mod:`titans_lm.memory.weight_norm`).
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(lambda p, k_, v_: model.loss(p, k_, v_, attentional_bias))
@@ -71,7 +80,7 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
 
     def step(carry, x):
         (P, S, P_start, Pg, Sg, start), (P_keep, S_keep) = carry
-        t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t = x
+        t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t, ends_t = x
         at_start = (t % chunk_size == 0) | reset_t
         start = jnp.where(at_start, t, start).astype(start.dtype)
         P = tuple(jnp.where(reset_t, r, p) for r, p in zip(reset_to, P))
@@ -102,12 +111,20 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
             P_read = P
         y = model.apply(P_read if read == "after_write" else P_start, q_t)
         kept = t < keep_until
-        P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P, P_keep))
+        if fast_weight_norm:
+            P_normed = normalize_fast_weights(P, reset_to, outer)
+            P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P_normed, P_keep))
+            P = tuple(jnp.where(ends_t, n, p) for n, p in zip(P_normed, P))
+        else:
+            P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P, P_keep))
         S_keep = tuple(jnp.where(kept, s, s_k) for s, s_k in zip(S, S_keep))
         return ((P, S, P_start, Pg, Sg, start), (P_keep, S_keep)), y
 
     P0, S0 = tuple(params0), tuple(momentum0)
-    xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset)
+    # the mini-batch ends: the chunk grid's, before a document start, and the sequence's end
+    ends = ((jnp.arange(T) % chunk_size == chunk_size - 1)
+            | jnp.concatenate([reset[1:], jnp.ones((1,), bool)]))
+    xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset, ends)
     carry0 = ((P0, S0, P0, zeros, zeros, jnp.zeros((), jnp.int32)), (P0, S0))
     ((P, S, _, _, _, _), kept), reads = jax.lax.scan(step, carry0, xs)
     return reads, ((P, S) if state_length is None else kept)

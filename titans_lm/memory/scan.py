@@ -113,7 +113,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                 reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start",
                 decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
-                **impl_options):
+                fast_weight_norm: bool = False, **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -198,6 +198,13 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         run "chunked" for it.
       ns_gradient: NS_k's backward: "exact" (default: automatic differentiation through the
         iterations) or "straight_through" (the identity; Atlas' estimator).
+      fast_weight_norm: LaCT's weight normalisation (Zhang et al. 2025): at every mini-batch end
+        (t % chunk_size == chunk_size - 1, the token before a document start, and t = T - 1),
+        after that token's read, each weight matrix of the state is rescaled column by column
+        to the column norms of ``reset_to`` (:mod:`titans_lm.memory.weight_norm`); vectors
+        are left as they are. The state returned for ``state_length`` L >= 1 is normalised
+        too. With gradient_at "chunk_start"; implemented by "chunked" and "reference";
+        "pallas" (and "auto" on GPU/TPU) run "chunked" for it (logged once).
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
@@ -268,8 +275,9 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     fn = get_implementation(impl)
     bias = get_bias(attentional_bias)
     _check_rule(fn, impl, model, bias.name, gradient_at, eta, running_mean,
-                impl_options.get("surprise_max_norm", 0.0), decay_target)
-    _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_mean)
+                impl_options.get("surprise_max_norm", 0.0), decay_target, fast_weight_norm)
+    _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_mean,
+                         fast_weight_norm)
     if ns_steps:
         impl_options.update(ns_steps=ns_steps, ns_gradient=ns_gradient)
     if bias.name != DEFAULT_BIAS:
@@ -278,6 +286,8 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         impl_options["gradient_at"] = gradient_at
     if decay_target != DECAY_TARGETS[0]:
         impl_options["decay_target"] = decay_target
+    if fast_weight_norm:
+        impl_options["fast_weight_norm"] = True
     if _accepts(fn, "inside_starts"):
         if impl_options.get("inside_starts") is None:
             impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
@@ -304,10 +314,10 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
 
 
 def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_max_norm,
-                decay_target=DECAY_TARGETS[0]):
-    """Raise ValueError for an attentional bias (``bias``: its name), gradient point or decay
-    target that ``impl`` or the rest of the configuration does not support (one message naming
-    the cause and the fix)."""
+                decay_target=DECAY_TARGETS[0], fast_weight_norm=False):
+    """Raise ValueError for an attentional bias (``bias``: its name), gradient point, decay
+    target or weight normalisation that ``impl`` or the rest of the configuration does not
+    support (one message naming the cause and the fix)."""
     if gradient_at not in GRADIENT_AT:
         raise ValueError(f"gradient_at must be one of {GRADIENT_AT}, got {gradient_at!r}")
     if decay_target not in DECAY_TARGETS:
@@ -315,9 +325,13 @@ def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_
     if gradient_at == "previous_token" and decay_target != DECAY_TARGETS[0]:
         raise ValueError("decay_target='initial' is not implemented for gradient_at="
                          "'previous_token' (its WY form decays toward zero); use one of the two")
+    if gradient_at == "previous_token" and fast_weight_norm:
+        raise ValueError("fast_weight_norm is not implemented for gradient_at='previous_token' "
+                         "(its WY form has no mini-batch end state); use one of the two")
     for name, value, default in (("attentional_bias", bias, DEFAULT_BIAS),
                                  ("gradient_at", gradient_at, GRADIENT_AT[0]),
-                                 ("decay_target", decay_target, DECAY_TARGETS[0])):
+                                 ("decay_target", decay_target, DECAY_TARGETS[0]),
+                                 ("fast_weight_norm", bool(fast_weight_norm), False)):
         if value != default and not _accepts(fn, name):
             raise ValueError(f"{name}={value!r} is supported by impl 'chunked' and 'reference' "
                              f"only, not {impl!r}; change impl or use {name}={default!r}")
@@ -336,7 +350,8 @@ def _check_rule(fn, impl, model, bias, gradient_at, eta, running_mean, surprise_
                              f"gradient_at='chunk_start'")
 
 
-def _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_mean):
+def _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_mean,
+                         fast_weight_norm=False):
     """Raise ValueError for Newton-Schulz options that are bad or that ``impl`` or the rest of
     the configuration does not support (one message naming the field and the fix)."""
     if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 0:
@@ -353,6 +368,10 @@ def _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_m
     if running_mean:
         raise ValueError("ns_steps > 0 (Newton-Schulz momentum) does not take running_mean (TTT's "
                          "running-mean reads); turn one of them off")
+    if fast_weight_norm:
+        raise ValueError("ns_steps > 0 (Newton-Schulz momentum) does not take fast_weight_norm "
+                         "(LaCT's weight normalisation is built for the dual form's chunk ends); "
+                         "turn one of them off")
     if not _accepts(fn, "ns_steps"):
         raise ValueError(f"ns_steps > 0 is supported by impl 'chunked', 'reference', 'pallas' and "
                          f"'auto' only, not {impl!r}; change impl or set ns_steps=0")

@@ -345,7 +345,7 @@ def count_flops(model_cfg, seq_len: int) -> FlopCount:
             acc.add("attention_core", n * 4 * (D // H) * H * vis, executed)
             if i in layers:
                 _prefixed_memory(acc, mcfg, n_p, T)
-                if name == "mag":
+                if name == "mag" and model_cfg.get("combine", "gate") == "gate":
                     acc.add("combine", n * 2 * D * D)
             _mlp(acc, D, d_ff, n)
     elif name == "mac":

@@ -6,7 +6,9 @@
     o  = (RMSNorm_y(y) * sigmoid(RMSNorm_m(m))) W_O     the non-linear gate y ⊗ M(x~)
 
 (``titans_lm.nn.gated_combine``: both branches normalised with learned vector-valued weights, then
-a sigmoid gate and the output projection.) Each block is x + o(RMSNorm(x)), then the SwiGLU MLP.
+a sigmoid gate and the output projection.) With ``combine="sum"`` the two branches are added,
+o = y + m, each with its own output projection (LaCT's block, Zhang et al. 2025: window attention
+plus the large-chunk TTT layer; configs/lact.py, docs/design.md#lact-large-chunks). Each block is x + o(RMSNorm(x)), then the SwiGLU MLP.
 The shell runs the persistent tokens through the blocks in ``LanguageModel.init_state``: the
 attention keeps their keys/values in never-evicted slots, the memory writes them first and every
 document starts from the state they leave. A MAG layer's state is (attention state, memory state):
@@ -17,7 +19,7 @@ sliding-window attention with the same window.
 
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads`` (attention heads),
 ``rope_theta``, ``window`` (sliding window in tokens; 0 = full causal attention), ``n_persistent``,
-``memory_layers`` and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``); optional
+``memory_layers``, optional ``combine`` ("gate", the default, or "sum") and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``); optional
 ``max_context`` (with window 0 only: full attention's KV cache, see ``titans_lm.models.transformer``).
 """
 
@@ -40,6 +42,7 @@ from titans_lm.nn.init import scaled_out_std
 from titans_lm.nn.stream import Stream
 
 HYBRID_FIELDS = ("n_heads", "rope_theta", "window", "n_persistent", "memory_layers", "memory")
+COMBINES = ("gate", "sum")
 
 
 class HybridSettings(NamedTuple):
@@ -69,7 +72,7 @@ class MAGMixer(nnx.Module):
     Args:
       attention: sliding-window ``Attention`` (attribute ``attention``).
       memory: ``NeuralMemory`` (attribute ``memory``).
-      combine: ``GatedCombine`` (attribute ``combine``).
+      combine: ``GatedCombine``, or ``SumCombine`` with ``combine="sum"`` (attribute ``combine``).
 
     State: ``(attention_state, memory_state)``.
     """
@@ -91,6 +94,32 @@ class MAGMixer(nnx.Module):
 
     def memory_norms(self, state: tuple) -> tuple[jax.Array]:
         return self.memory.memory_norms(state[1])
+
+
+class SumCombine(nnx.Module):
+    """``combine(y_BTD, m_BTD) -> y + m``: the branches added, no parameters (LaCT's block).
+
+    Raises:
+      ValueError: if y and m differ in shape.
+    """
+
+    def __call__(self, y_BTD: jax.Array, m_BTD: jax.Array) -> jax.Array:
+        if y_BTD.shape != m_BTD.shape:
+            raise ValueError(f"SumCombine wants y and m of one shape, got {y_BTD.shape} and "
+                             f"{m_BTD.shape}")
+        return y_BTD + m_BTD.astype(y_BTD.dtype)
+
+
+def mag_combine(model_cfg) -> str:
+    """The ``combine`` field of a MAG model config ("gate" where absent).
+
+    Raises:
+      ValueError: for a value other than "gate" or "sum".
+    """
+    combine = str(model_cfg.get("combine", "gate"))
+    if combine not in COMBINES:
+        raise ValueError(f"model.combine must be one of {COMBINES}, got {combine!r}")
+    return combine
 
 
 def hybrid_attention(model_cfg, out_init_std: float, *, rngs: nnx.Rngs) -> Attention:
@@ -115,10 +144,14 @@ def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     mcfg, n_p, layers, out_std = hybrid_settings(model_cfg)
     dtype = to_dtype(model_cfg.dtype)
     param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
+    summed = mag_combine(model_cfg) == "sum"
 
     def make_mixer(layer: int, rngs: nnx.Rngs):
         if layer not in layers:
             return hybrid_attention(model_cfg, out_std, rngs=rngs)
+        if summed:   # both output projections feed the residual stream: depth-scaled init
+            return MAGMixer(hybrid_attention(model_cfg, out_std, rngs=rngs),
+                            make_memory(mcfg, rngs=rngs, out_init_std=out_std), SumCombine())
         attention = hybrid_attention(model_cfg, model_cfg.init_std, rngs=rngs)
         memory = make_memory(mcfg, rngs=rngs)
         combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,

@@ -201,7 +201,7 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 backend: str | None = None, interpret: bool | None = None,
                 precision: str = "highest", running_mean: bool = False, log_keep=None,
                 state_length=None, inside_starts=None, decay_target: str = "zero",
-                ns_steps: int = 0, ns_gradient: str = "exact"):
+                ns_steps: int = 0, ns_gradient: str = "exact", fast_weight_norm: bool = False):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -228,6 +228,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         ``chunked`` (logged once).
       ns_steps, ns_gradient: as memory_scan's; the kernel has no Newton-Schulz steps, so
         ns_steps > 0 runs ``chunked`` (logged once).
+      fast_weight_norm: as memory_scan's; the kernel does not normalise, so True runs
+        ``chunked`` (logged once).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -243,13 +245,17 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                             log_keep=log_keep, state_length=state_length,
                             inside_starts=inside_starts, decay_target=decay_target,
-                            ns_steps=ns_steps, ns_gradient=ns_gradient)
+                            ns_steps=ns_steps, ns_gradient=ns_gradient,
+                            fast_weight_norm=fast_weight_norm)
 
     if decay_target != "zero":
         log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
         return whole_call_chunked()
     if ns_steps:
         log_fallback(f"ns_steps={ns_steps} (the kernel has no Newton-Schulz steps)")
+        return whole_call_chunked()
+    if fast_weight_norm:
+        log_fallback("fast_weight_norm=True (the kernel does not normalise the fast weights)")
         return whole_call_chunked()
     if state_length is not None:
         return whole_call_chunked()
@@ -296,12 +302,12 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
               decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
-              **pallas_options):
+              fast_weight_norm: bool = False, **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
-    ``inside_starts``, ``decay_target``, ``ns_steps`` and ``ns_gradient`` as
-    :func:`pallas_scan`'s.
+    ``inside_starts``, ``decay_target``, ``ns_steps``, ``ns_gradient`` and
+    ``fast_weight_norm`` as :func:`pallas_scan`'s.
     """
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
@@ -309,10 +315,12 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                            log_keep=log_keep, state_length=state_length,
                            inside_starts=inside_starts, decay_target=decay_target,
-                           ns_steps=ns_steps, ns_gradient=ns_gradient, **pallas_options)
+                           ns_steps=ns_steps, ns_gradient=ns_gradient,
+                           fast_weight_norm=fast_weight_norm, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                         log_keep=log_keep, state_length=state_length,
                         inside_starts=inside_starts, decay_target=decay_target,
-                        ns_steps=ns_steps, ns_gradient=ns_gradient)
+                        ns_steps=ns_steps, ns_gradient=ns_gradient,
+                        fast_weight_norm=fast_weight_norm)
