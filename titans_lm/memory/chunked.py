@@ -36,6 +36,8 @@ from titans_lm.memory.biases import DEFAULT_BIAS, get_bias
 from titans_lm.memory.coefficients import ChunkCoefficients, chunk_coefficients, with_running_mean
 from titans_lm.memory.delta import delta_chunked_scan
 from titans_lm.memory.inner_models import InnerModel, Params, PlainAccess
+from titans_lm.memory.omega import (document_ids, extend_rows, extended_windows, omega_mask,
+                                    tail_or_empty)
 
 
 class GradientFactors(NamedTuple):
@@ -327,7 +329,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  running_mean: bool = False, log_keep=None, state_length=None,
                  surprise_max_norm: float = 0.0, inside_starts=None,
                  attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                 decay_target: str = "zero"):
+                 decay_target: str = "zero", omega_window: int = 1, gamma=None, omega_tail=None):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -363,6 +365,14 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
       decay_target: "zero" (Titans eq. 14) or "initial": the forget gate decays the state toward
         ``reset_to`` (the coefficients' R = 1 - B, :func:`chunk_coefficients`), so every read and
         chunk end adds R_i times the target.
+      omega_window: c >= 1, Atlas' Omega rule for c > 1 (:mod:`titans_lm.memory.omega`): each
+        chunk's gradient factors are taken over its extended token set [c - 1 tokens before it
+        || its b tokens] (the tokens before token 0 from ``omega_tail``) and every coefficient
+        row of the writes becomes C @ Wmask (:func:`~titans_lm.memory.omega.omega_mask`).
+      gamma: [T] the Omega gates in [0, 1] (with omega_window > 1 only).
+      omega_tail: None (a fresh stream) or (k [c - 1, d_k], v [c - 1, d_v], gamma [c - 1],
+        valid bool [c - 1]) of the c - 1 tokens before token 0 (valid: in the document that
+        continues at token 0).
     Raises:
       ValueError: for chunks_per_checkpoint < 0.
     """
@@ -422,11 +432,27 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         coef = with_running_mean(coef, inside)
     if read != "after_write":
         coef = None   # the chunk-start read needs no coefficients inside the chunk
+    k_x, v_x = per_chunk(k_p), per_chunk(v_p)
+    if omega_window > 1:
+        # Atlas' Omega rule: every write row over the extended token set (titans_lm.memory.omega)
+        c = omega_window
+        n_all = n_groups * g
+        tk, tv, tg, tvalid = tail_or_empty(omega_tail, c, k.shape[1], v.shape[1], dt)
+        ext = lambda tail, x: extended_windows(jnp.concatenate([tail, x]), n_all, b, c)  # noqa: E731
+        k_x, v_x = ext(tk, k_p), ext(tv, v_p)
+        mask = jax.vmap(lambda gm, dc: omega_mask(gm, dc, c))(
+            ext(tg, _pad_rows(gamma.astype(dt), total, 0)),
+            extended_windows(document_ids(reset_p, tvalid), n_all, b, c))
+        widen = lambda rows: None if rows is None else rows._replace(  # noqa: E731
+            C=extend_rows(rows.C, mask), M=extend_rows(rows.M, mask))
+        coef, ends, keep_ends = widen(coef), widen(ends), widen(keep_ends)
+        if after is not None:   # the tokens before a chunk come before any start inside it
+            after = jnp.concatenate([jnp.zeros((n_all, c - 1), bool), after], axis=1)
 
     def group_shape(x):
         return x.reshape((n_groups, g) + x.shape[1:])
 
-    xs = (per_chunk(k_p), per_chunk(v_p), per_chunk(q_p), coef, ends,
+    xs = (k_x, v_x, per_chunk(q_p), coef, ends,
           reset_p.reshape(n_groups * g, b)[:, 0], keep_ends, keep_flags, after)
     xs = jax.tree.map(group_shape, xs)
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)

@@ -17,6 +17,11 @@ current mini-batch. At token t (Titans eqs. 12-14, mini-batch size b = chunk_siz
 A document start inside a chunk thus cuts that chunk in two mini-batches; the chunk grid (t % b)
 stays where it is (docs/design.md#resets-inside-a-chunk).
 
+With ``omega_window`` c > 1 (Atlas' Omega rule, docs/design.md#the-omega-rule) the scan also carries
+the last c - 1 tokens (k, v, gamma, in-document flag; a document start clears the flags) and G is
+the gradient of sum_j gamma_j l(f(k_j; .), v_j) over the window j = t - c + 1..t of t's
+document, at P_start (each g_j clipped first where surprise_max_norm > 0).
+
 (see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads). With
 ``state_length`` L the scan also carries the state after token L - 1 (the initial state for
 L = 0), which it returns instead of the final one; the reads are those of all T tokens.
@@ -32,13 +37,15 @@ import jax.numpy as jnp
 
 from titans_lm.memory.biases import DEFAULT_BIAS
 from titans_lm.memory.inner_models import InnerModel
+from titans_lm.memory.omega import tail_or_empty
 
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
                    chunk_size: int, read: str, reset_to, running_mean: bool = False,
                    log_keep=None, state_length=None, surprise_max_norm: float = 0.0,
                    attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
-                   decay_target: str = "zero"):
+                   decay_target: str = "zero", omega_window: int = 1, gamma=None,
+                   omega_tail=None):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -54,6 +61,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     gradient descent in Gated DeltaNet's order. ``state_length`` is None or an int32 scalar in 0..T,
     possibly traced. ``surprise_max_norm > 0`` clips each token's gradient to that norm.
     ``decay_target="initial"`` decays the state toward ``reset_to`` instead of toward zero.
+    ``omega_window`` c > 1 takes ``gamma`` [T] and ``omega_tail`` (k [c - 1, d_k], v [c - 1, d_v],
+    gamma [c - 1], valid bool [c - 1] of the tokens before token 0, or None: a fresh stream).
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(lambda p, k_, v_: model.loss(p, k_, v_, attentional_bias))
@@ -62,10 +71,31 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     to_target = decay_target == "initial"
     T = k.shape[0]
     keep_until = T if state_length is None else state_length
+    omega = omega_window > 1
+
+    def clip(G):
+        if surprise_max_norm <= 0:
+            return G
+        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
+        return tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
+
+    def window_gradient(base, ring, k_t, v_t, gamma_t, reset_t):
+        """sum_j gamma_j g_j over the window (ring: the c - 1 previous tokens), and the ring
+        after token t."""
+        rk, rv, rg, rvalid = ring
+        rvalid = rvalid & ~reset_t                    # a document start: earlier tokens leave
+        wk = jnp.concatenate([rk, k_t[None]])
+        wv = jnp.concatenate([rv, v_t[None]])
+        w = jnp.concatenate([jnp.where(rvalid, rg, 0), gamma_t[None]])
+        per_token = jax.vmap(lambda k_, v_: clip(grad_fn(base, k_[None], v_[None])))(wk, wv)
+        G = tuple(jnp.tensordot(w, g, axes=1) for g in per_token)
+        ring = (wk[1:], wv[1:], jnp.concatenate([rg, gamma_t[None]])[1:],
+                jnp.concatenate([rvalid, jnp.ones((1,), bool)])[1:])
+        return G, ring
 
     def step(carry, x):
-        (P, S, P_start, Pg, Sg, start), (P_keep, S_keep) = carry
-        t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t = x
+        (P, S, P_start, Pg, Sg, start, ring), (P_keep, S_keep) = carry
+        t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t, gamma_t = x
         at_start = (t % chunk_size == 0) | reset_t
         start = jnp.where(at_start, t, start).astype(start.dtype)
         P = tuple(jnp.where(reset_t, r, p) for r, p in zip(reset_to, P))
@@ -75,10 +105,10 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
             base = tuple(p if i in outer else keep_t * p for i, p in enumerate(P))
         else:
             base = P_start
-        G = grad_fn(base, k_t[None], v_t[None])
-        if surprise_max_norm > 0:
-            norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
-            G = tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
+        if omega:
+            G, ring = window_gradient(base, ring, k_t, v_t, gamma_t, reset_t)
+        else:
+            G = clip(grad_fn(base, k_t[None], v_t[None]))
         S = tuple(s if i in outer else eta_t * s - theta_t * g for i, (s, g) in enumerate(zip(S, G)))
         P = tuple(p if i in outer else keep_t * p + s + ((1 - keep_t) * r if to_target else 0)
                   for i, (p, s, r) in enumerate(zip(P, S, reset_to)))
@@ -96,10 +126,11 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         kept = t < keep_until
         P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P, P_keep))
         S_keep = tuple(jnp.where(kept, s, s_k) for s, s_k in zip(S, S_keep))
-        return ((P, S, P_start, Pg, Sg, start), (P_keep, S_keep)), y
+        return ((P, S, P_start, Pg, Sg, start, ring), (P_keep, S_keep)), y
 
     P0, S0 = tuple(params0), tuple(momentum0)
-    xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset)
-    carry0 = ((P0, S0, P0, zeros, zeros, jnp.zeros((), jnp.int32)), (P0, S0))
-    ((P, S, _, _, _, _), kept), reads = jax.lax.scan(step, carry0, xs)
+    xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset, gamma)
+    ring = tail_or_empty(omega_tail, omega_window, k.shape[1], v.shape[1], k.dtype) if omega else ()
+    carry0 = ((P0, S0, P0, zeros, zeros, jnp.zeros((), jnp.int32), ring), (P0, S0))
+    ((P, S, _, _, _, _, _), kept), reads = jax.lax.scan(step, carry0, xs)
     return reads, ((P, S) if state_length is None else kept)

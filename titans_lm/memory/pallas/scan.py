@@ -200,7 +200,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
                 backend: str | None = None, interpret: bool | None = None,
                 precision: str = "highest", running_mean: bool = False, log_keep=None,
-                state_length=None, inside_starts=None, decay_target: str = "zero"):
+                state_length=None, inside_starts=None, decay_target: str = "zero",
+                omega_window: int = 1, gamma=None, omega_tail=None):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -225,6 +226,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         unbatched (``NeuralMemory.scan``).
       decay_target: as memory_scan's; the kernel decays toward zero, so "initial" runs
         ``chunked`` (logged once).
+      omega_window, gamma, omega_tail: as memory_scan's; the kernel has no Omega window, so
+        omega_window > 1 runs ``chunked`` (logged once).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -239,10 +242,14 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             chunk_size=chunk_size, read=read, reset_to=reset_to,
                             chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                             log_keep=log_keep, state_length=state_length,
-                            inside_starts=inside_starts, decay_target=decay_target)
+                            inside_starts=inside_starts, decay_target=decay_target,
+                            omega_window=omega_window, gamma=gamma, omega_tail=omega_tail)
 
     if decay_target != "zero":
         log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
+        return whole_call_chunked()
+    if omega_window > 1:
+        log_fallback(f"omega_window={omega_window} (the kernel writes one gradient per token)")
         return whole_call_chunked()
     if state_length is not None:
         return whole_call_chunked()
@@ -288,21 +295,24 @@ def auto_choice(platform: str) -> str:
 def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
-              decay_target: str = "zero", **pallas_options):
+              decay_target: str = "zero", omega_window: int = 1, gamma=None, omega_tail=None,
+              **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
-    ``inside_starts`` and ``decay_target`` as :func:`pallas_scan`'s.
+    ``inside_starts``, ``decay_target`` and the Omega rule's ``omega_window``, ``gamma``,
+    ``omega_tail`` as :func:`pallas_scan`'s.
     """
+    omega = dict(omega_window=omega_window, gamma=gamma, omega_tail=omega_tail)
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
                            chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                            log_keep=log_keep, state_length=state_length,
                            inside_starts=inside_starts, decay_target=decay_target,
-                           **pallas_options)
+                           **omega, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                         log_keep=log_keep, state_length=state_length,
-                        inside_starts=inside_starts, decay_target=decay_target)
+                        inside_starts=inside_starts, decay_target=decay_target, **omega)
