@@ -100,10 +100,13 @@ def test_parameters_carry_logical_axis_names():
     assert params["w_out"].get_metadata()["out_sharding"] == ("heads", "head_dim", "embed")
 
 
-@pytest.mark.parametrize("granularity", ["token", "chunk"])
-def test_causality_exact_including_inside_a_chunk(granularity):
+@pytest.mark.parametrize("settings", [dict(gate_granularity="token"),
+                                      dict(gate_granularity="chunk"),
+                                      dict(omega_window=6)],   # Atlas' Omega rule, across chunks
+                         ids=["token", "chunk", "omega"])
+def test_causality_exact_including_inside_a_chunk(settings):
     with jax.enable_x64(True):
-        layer = make64(gate_granularity=granularity)
+        layer = make64(**settings)
         fn = jitted(layer)
         x = x_like(layer, 1, 24)
         y = fn(x)

@@ -7,11 +7,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from titans_lm.memory import memory_scan
+from titans_lm.memory.config import MemoryConfig
+from titans_lm.memory.layer import NeuralMemory
 from titans_lm.memory.inner_models import resolve_model
 from titans_lm.memory.omega import omega_mask
-from _scan_problems import assert_chunked_equals_reference, documents_problem, small_memory
+from _memory_call import call_fresh
+from _scan_problems import (FAST_COMPILE, assert_chunked_equals_reference, documents_problem,
+                            small_memory)
 
 T, D = 13, 3
 STARTS = (5, 9)          # document starts inside chunks of 4 (and of 16)
@@ -32,12 +37,16 @@ def omega_problem(depth, window, seed=0):
     return model, (params0, k, v, q, theta, eta, log_keep, gamma), reset, tail
 
 
+# (memory depth, cases (chunk size, window, state_length)): chunk sizes 1, 4 and 16 at c = 3,
+# c = 6 > the chunk of 4 at both depths, the state inside a chunk (the carried-state path)
+CASES = {1: [(1, 3, None), (16, 3, None), (4, 6, None)], 2: [(4, 3, 10), (4, 6, None)]}
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 def test_chunked_equals_reference(depth):
-    """Reads, state and gradients wrt every input agree to 1e-10 (chunk sizes 1, 4, 16 at c = 3,
-    c = 6 > chunk 4, the state inside a chunk), with documents starting inside chunks, a carried
-    tail and the surprise clip on some tokens."""
-    cases = [(1, 3, None), (4, 3, None), (16, 3, None), (4, 6, None), (4, 3, 10)]
+    """Reads, state and gradients wrt every input agree to 1e-10, with documents starting inside
+    chunks, a carried tail and the surprise clip on some tokens."""
+    cases = CASES[depth]
 
     def value(impl, case):
         b, c, length = case
@@ -105,3 +114,30 @@ def test_bad_omega_inputs_are_refused(kwargs, match):
         with pytest.raises(ValueError, match=match):
             memory_scan(params0, params0, k, v, q, theta, 0 * eta, None, log_keep=log_keep,
                         model=model, chunk_size=4, **kwargs)
+
+
+def test_gamma_bias_gradient_equals_finite_differences():
+    """The layer's gamma gate is trained by the outer loss: d(loss)/d(gamma_b) by autodiff equals
+    central differences (float64, a window of 3 over chunks of 4, two documents)."""
+    with jax.enable_x64(True):
+        cfg = MemoryConfig(d_model=8, n_heads=2, head_dim=4, chunk_size=4, memory_expansion=2.0,
+                           omega_window=3, dtype="float64", param_dtype="float64", theta_max=0.5,
+                           alpha_bias_init=-2.0)
+        graphdef, bias, rest = nnx.split(NeuralMemory(cfg, rngs=nnx.Rngs(0)),
+                                         nnx.PathContains("gamma_b"), ...)
+        x = jax.random.normal(jax.random.key(1), (1, 10, 8), jnp.float64)
+        seg = jnp.asarray([[1] * 6 + [2] * 4])
+
+        def loss(gamma_b):
+            with_b = jax.tree.map(lambda _: gamma_b, bias)
+            return jnp.sum(jnp.sin(call_fresh(nnx.merge(graphdef, with_b, rest), x, seg)))
+
+        b0 = jax.tree.leaves(bias)[0]
+        grad = jax.jit(jax.grad(loss), compiler_options=FAST_COMPILE)(b0)
+        loss = jax.jit(loss, compiler_options=FAST_COMPILE)
+        eps = 1e-6
+        for h in range(2):
+            e = jnp.zeros_like(b0).at[h].set(eps)
+            fd = (loss(b0 + e) - loss(b0 - e)) / (2 * eps)
+            assert abs(float(fd)) > 1e-4                 # gamma matters
+            assert abs(float(grad[h]) - float(fd)) < 1e-7 * max(1.0, abs(float(fd)))

@@ -33,6 +33,8 @@ CONFIGS = {
                     bias_p=3.0),
     # the forget gate decays toward the state documents start from
     "decay_to_initial": dict(memory_depth=2, decay_target="initial"),
+    # Atlas' Omega rule, a window of 6 > the chunk of 4: it reaches across chunks and calls
+    "omega": dict(memory_depth=2, omega_window=6),
 }
 
 
@@ -106,7 +108,7 @@ def test_strided_calls_equal_one_call(stride):
             np.testing.assert_allclose(got, want, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates"])
+@pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates", "omega"])
 def test_token_by_token_equals_one_call(name):
     with jax.enable_x64(True):
         x = x_input(2)

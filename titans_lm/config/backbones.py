@@ -35,7 +35,8 @@ MEMORY_DEFAULTS = dict(
     use_output_gate=True, read="after_write", read_running_mean=False, surprise_max_norm=0.0,
     attentional_bias="l2", bias_p=3.0, huber_delta=1.0, feature_map="silu",
     feature_degree=2, read_normalizer=False, learned_w0=True,
-    gradient_at="chunk_start", decay_target="zero", impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
+    gradient_at="chunk_start", decay_target="zero", omega_window=1, omega_gamma_bias_init=2.0,
+    impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
 
 
 def memory_section(**overrides) -> ml_collections.ConfigDict:

@@ -31,7 +31,8 @@ ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False,
                 # the memory's rule fields: a checkpoint without them ran their defaults
                 **{f"model.memory.{k}": MEMORY_DEFAULTS[k] for k in (
                     "attentional_bias", "bias_p", "huber_delta", "feature_map", "feature_degree",
-                    "read_normalizer", "learned_w0", "gradient_at", "decay_target")}}
+                    "read_normalizer", "learned_w0", "gradient_at", "decay_target", "omega_window",
+                    "omega_gamma_bias_init")}}
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
