@@ -37,9 +37,12 @@ def omega_problem(depth, window, seed=0):
     return model, (params0, k, v, q, theta, eta, log_keep, gamma), reset, tail
 
 
-# (memory depth, cases (chunk size, window, state_length)): chunk sizes 1, 4 and 16 at c = 3,
-# c = 6 > the chunk of 4 at both depths, the state inside a chunk (the carried-state path)
-CASES = {1: [(1, 3, None), (16, 3, None), (4, 6, None)], 2: [(4, 3, 10), (4, 6, None)]}
+# memory depth -> cases (chunk size, window, state_length, options): chunk sizes 1, 4 and 16 at
+# c = 3, c = 6 > the chunk of 4 at both depths, the state inside a chunk (the carried-state path),
+# TTT's running-mean reads, the chunk-start read and the decay toward the initial state
+CASES = {1: [(1, 3, None, {}), (16, 3, None, dict(running_mean=True)), (4, 6, None, {})],
+         2: [(4, 3, 10, {}), (4, 6, None, {}),
+             (4, 3, None, dict(read="chunk_start", decay_target="initial"))]}
 
 
 @pytest.mark.parametrize("depth", [1, 2])
@@ -49,7 +52,7 @@ def test_chunked_equals_reference(depth):
     cases = CASES[depth]
 
     def value(impl, case):
-        b, c, length = case
+        b, c, length, options = case
         model, _, reset, tail = omega_problem(depth, c)
 
         def f(params0, k, v, q, theta, eta, log_keep, gamma):
@@ -58,7 +61,7 @@ def test_chunked_equals_reference(depth):
                                         log_keep=log_keep, model=model, chunk_size=b, impl=impl,
                                         reset=reset, omega_window=c, gamma=gamma,
                                         omega_tail=tail, state_length=length,
-                                        surprise_max_norm=CLIP)
+                                        surprise_max_norm=CLIP, **options)
             return reads, P
         return f
 
@@ -141,3 +144,24 @@ def test_gamma_bias_gradient_equals_finite_differences():
             fd = (loss(b0 + e) - loss(b0 - e)) / (2 * eps)
             assert abs(float(fd)) > 1e-4                 # gamma matters
             assert abs(float(grad[h]) - float(fd)) < 1e-7 * max(1.0, abs(float(fd)))
+
+
+def test_pallas_runs_chunked_for_it():
+    """The kernel has no window: impl "pallas" gives "chunked"'s numbers (a logged fallback)."""
+    with jax.enable_x64(True):
+        model, (params0, k, v, q, theta, eta, log_keep, gamma), reset, tail = omega_problem(1, 3)
+        run = functools.partial(memory_scan, params0, params0, k, v, q, theta, eta, None,
+                                log_keep=log_keep, model=model, chunk_size=4, reset=reset,
+                                omega_window=3, gamma=gamma, omega_tail=tail)
+        for a, b in zip(jax.tree.leaves(run(impl="pallas")), jax.tree.leaves(run())):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(omega_window=0), "omega_window: must be an int >= 1"),
+    (dict(omega_window=2, gradient_at="previous_token", memory_depth=1, use_momentum=False),
+     "omega_window: > 1 .* needs gradient_at 'chunk_start'"),
+])
+def test_bad_omega_configs_are_refused(fields, match):
+    with pytest.raises(ValueError, match=match):
+        MemoryConfig(d_model=8, **fields)

@@ -446,8 +446,6 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         widen = lambda rows: None if rows is None else rows._replace(  # noqa: E731
             C=extend_rows(rows.C, mask), M=extend_rows(rows.M, mask))
         coef, ends, keep_ends = widen(coef), widen(ends), widen(keep_ends)
-        if after is not None:   # the tokens before a chunk come before any start inside it
-            after = jnp.concatenate([jnp.zeros((n_all, c - 1), bool), after], axis=1)
 
     def group_shape(x):
         return x.reshape((n_groups, g) + x.shape[1:])
@@ -467,8 +465,10 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         factors = gradient_factors(model, P, kc, vc, attentional_bias)
         if af is not None:
             at_P0 = factors
+            # with the Omega window the tokens before the chunk come before any start inside it
+            af_x = jnp.concatenate([jnp.zeros((kc.shape[0] - af.shape[0],), bool), af])
             factors = when_inside(inside_starts, lambda: select_factors(
-                af, at_P0, gradient_factors(model, reset_to, kc, vc, attentional_bias)),
+                af_x, at_P0, gradient_factors(model, reset_to, kc, vc, attentional_bias)),
                 lambda: at_P0)
         cf, ed = clip_surprise(factors, surprise_max_norm, cf, ed)
         if keeping:
