@@ -30,8 +30,7 @@ def _packed_window(lengths, align):
     dict(impl="chunked", memory_depth=1, memory_residual_ln=True, memory_ln_fast=False,
          memory_bias=True, read_running_mean=True, gate_style="ttt", use_momentum=False,
          use_decay=False, use_conv=False, qk_l2_norm=False),
-    dict(impl="chunked", omega_window=6),   # Atlas' Omega rule: windows stop at a start
-], ids=["titans-chunked", "titans-reference", "ttt-chunked", "omega-chunked"])
+], ids=["titans-chunked", "titans-reference", "ttt-chunked"])
 @pytest.mark.parametrize("align", [1, CHUNK], ids=["back-to-back", "chunk-aligned"])
 def test_packed_documents_of_every_length_equal_each_alone(settings, align):
     lengths = list(range(1, 3 * CHUNK + 1))        # 1 token .. 3 chunks

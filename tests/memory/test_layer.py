@@ -116,9 +116,12 @@ def test_causality_exact_including_inside_a_chunk(settings):
             assert float(jnp.max(jnp.abs(y2[0, j:] - y[0, j:]))) > 1e-6
 
 
-def test_packed_documents_equal_each_document_alone():
+@pytest.mark.parametrize("settings", [{}, dict(omega_window=6)], ids=["plain", "omega"])
+def test_packed_documents_equal_each_document_alone(settings):
+    """(omega: Atlas' Omega windows of 6 tokens stop at a document start, even one that a
+    window would reach across a chunk start and padding.)"""
     with jax.enable_x64(True):
-        layer = make64()
+        layer = make64(**settings)
         fn = jitted(layer)
         x = x_like(layer, 1, 24, seed=2)
         # doc 1 (6 tokens) + 2 padding tokens, doc 2 from position 8, doc 3 from position 20.

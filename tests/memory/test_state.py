@@ -88,7 +88,8 @@ def check_splits(name, splits):
                 np.testing.assert_allclose(got, want, atol=1e-12, err_msg=f"split {s}")
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+# omega: test_token_by_token_equals_one_call splits it inside a chunk and a window as well
+@pytest.mark.parametrize("name", [name for name in CONFIGS if name != "omega"])
 def test_two_calls_equal_one_call(name):
     """Splits inside a chunk and at a chunk start (each call length compiles once, so the
     splits are few; the strided calls below and one token per call cover every chunk phase)."""
