@@ -13,7 +13,9 @@ with validated inputs: tuples of arrays for the states, one floating dtype for e
 ``running_mean=True``, ``log_keep`` (a [T] array) and ``state_length`` (an int32 scalar, possibly
 traced) arrive as keyword arguments only when the caller sets them (built-in implementations take
 ``running_mean`` and ``log_keep``; ``alpha`` is then still an array). An implementation that
-supports ``state_length`` returns the state after that many tokens.
+supports ``state_length`` returns the state after that many tokens. The Omega rule's
+``omega_window`` (an int > 1), ``gamma`` ([T]) and ``omega_tail`` (a tuple, or absent) arrive the
+same way, only for a window > 1 and only to implementations that name ``omega_window``.
 """
 
 from __future__ import annotations
