@@ -40,9 +40,9 @@ def omega_problem(depth, window, seed=0):
 # memory depth -> cases (chunk size, window, state_length, options): chunk sizes 1, 4 and 16 at
 # c = 3, c = 6 > the chunk of 4 at both depths, the state inside a chunk (the carried-state path),
 # TTT's running-mean reads, the chunk-start read and the decay toward the initial state
-CASES = {1: [(1, 3, None, {}), (16, 3, None, dict(running_mean=True)), (4, 6, None, {})],
-         2: [(4, 3, 10, {}), (4, 6, None, {}),
-             (4, 3, None, dict(read="chunk_start", decay_target="initial"))]}
+CASES = {1: [(1, 3, None, {}), (16, 3, None, dict(running_mean=True)),
+             (4, 6, None, dict(read="chunk_start"))],
+         2: [(4, 3, 10, {}), (4, 6, None, dict(decay_target="initial"))]}
 
 
 @pytest.mark.parametrize("depth", [1, 2])
