@@ -100,11 +100,14 @@ def test_parameters_carry_logical_axis_names():
     assert params["w_out"].get_metadata()["out_sharding"] == ("heads", "head_dim", "embed")
 
 
-@pytest.mark.parametrize("rule", [dict(gate_granularity="token"), dict(gate_granularity="chunk"),
-                                  dict(ns_steps=5)], ids=["token", "chunk", "newton_schulz"])
-def test_causality_exact_including_inside_a_chunk(rule):
+@pytest.mark.parametrize("settings", [dict(gate_granularity="token"),
+                                      dict(gate_granularity="chunk"),
+                                      dict(ns_steps=5),
+                                      dict(omega_window=6)],   # Atlas' Omega rule, across chunks
+                         ids=["token", "chunk", "newton_schulz", "omega"])
+def test_causality_exact_including_inside_a_chunk(settings):
     with jax.enable_x64(True):
-        layer = make64(**rule)
+        layer = make64(**settings)
         fn = jitted(layer)
         x = x_like(layer, 1, 24)
         y = fn(x)
@@ -114,10 +117,13 @@ def test_causality_exact_including_inside_a_chunk(rule):
             assert float(jnp.max(jnp.abs(y2[0, j:] - y[0, j:]))) > 1e-6
 
 
-@pytest.mark.parametrize("rule", [{}, dict(ns_steps=5)], ids=["plain", "newton_schulz"])
-def test_packed_documents_equal_each_document_alone(rule):
+@pytest.mark.parametrize("settings", [{}, dict(ns_steps=5), dict(omega_window=6)],
+                         ids=["plain", "newton_schulz", "omega"])
+def test_packed_documents_equal_each_document_alone(settings):
+    """(omega: Atlas' Omega windows of 6 tokens stop at a document start, even one that a
+    window would reach across a chunk start and padding.)"""
     with jax.enable_x64(True):
-        layer = make64(**rule)
+        layer = make64(**settings)
         fn = jitted(layer)
         x = x_like(layer, 1, 24, seed=2)
         # doc 1 (6 tokens) + 2 padding tokens, doc 2 from position 8, doc 3 from position 20.

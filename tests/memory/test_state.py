@@ -39,6 +39,8 @@ CONFIGS = {
     "lact": dict(memory_depth=2, memory_activation="swiglu", attentional_bias="dot",
                  use_momentum=False, use_decay=False, fast_weight_norm=True, read="chunk_start",
                  use_conv=False),
+    # Atlas' Omega rule, a window of 6 > the chunk of 4: it reaches across chunks and calls
+    "omega": dict(memory_depth=2, omega_window=6),
 }
 
 
@@ -92,7 +94,8 @@ def check_splits(name, splits):
                 np.testing.assert_allclose(got, want, atol=1e-12, err_msg=f"split {s}")
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+# omega: test_token_by_token_equals_one_call splits it inside a chunk and a window as well
+@pytest.mark.parametrize("name", [name for name in CONFIGS if name != "omega"])
 def test_two_calls_equal_one_call(name):
     """Splits inside a chunk and at a chunk start (each call length compiles once, so the
     splits are few; the strided calls below and one token per call cover every chunk phase)."""
@@ -112,7 +115,8 @@ def test_strided_calls_equal_one_call(stride):
             np.testing.assert_allclose(got, want, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates", "newton_schulz"])
+@pytest.mark.parametrize("name", ["titans_mlp", "ttt_linear", "chunk_gates", "newton_schulz",
+                                  "omega"])
 def test_token_by_token_equals_one_call(name):
     with jax.enable_x64(True):
         x = x_input(2)

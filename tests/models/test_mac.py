@@ -134,6 +134,8 @@ def test_config_fields_and_errors():
     assert cfg.memory_input == "segment_input" and cfg.memory_ablation == "none"
     with pytest.raises(ValueError, match="memory_input"):
         build(small_model_cfg("mac", "float32", memory_input="x"))
+    with pytest.raises(ValueError, match="MAC does not take model.memory.omega_window"):
+        build(small_model_cfg("mac", "float32", memory__omega_window=4))
 
 
 def test_tiny_config_memory_stays_finite_at_initialisation():

@@ -314,6 +314,14 @@ FIELDS: dict[str, Field] = {
                                         "the norms of the document's initial state "
                                         "(gradient_at chunk_start, learned_w0).",
                                         _one_of(False, True), MEMORY_BACKBONES),
+    "model.memory.omega_window": _f("Atlas' Omega rule: each token writes the gamma-weighted sum "
+                                    "of the gradients of its last c tokens of its document (1 = "
+                                    "off; gradient_at chunk_start; not MAC). gamma per token "
+                                    "and head, sigmoid of a learned projection.", _ints(1),
+                                    MEMORY_BACKBONES),
+    "model.memory.omega_gamma_bias_init": _f("Initial bias of the Omega rule's gamma gate "
+                                             "(with omega_window > 1).", ("a number", None),
+                                             MEMORY_BACKBONES),
     "model.memory.impl": _f("Engine implementation (same math).",
                             ("'chunked' | 'reference' | 'pallas' | 'auto' or a registered one",
                              None), MEMORY_BACKBONES),

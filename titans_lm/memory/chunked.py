@@ -39,6 +39,8 @@ from titans_lm.memory.inner_models import InnerModel, Params, PlainAccess
 from titans_lm.memory.newton_schulz import (chunk_states, ns_chunk_coefficients, read_states,
                                             state_after)
 from titans_lm.memory.weight_norm import normalize_fast_weights
+from titans_lm.memory.omega import (document_ids, extend_rows, extended_windows, omega_mask,
+                                    tail_or_empty)
 
 
 class GradientFactors(NamedTuple):
@@ -331,7 +333,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  surprise_max_norm: float = 0.0, inside_starts=None,
                  attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
                  decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
-                 fast_weight_norm: bool = False):
+                 fast_weight_norm: bool = False, omega_window: int = 1, gamma=None,
+                 omega_tail=None):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -380,6 +383,14 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         read never sees an unnormalised state. A mini-batch that a document start ends inside a
         chunk is discarded by the reset, so only its kept state (L at the start) shows its
         normalisation.
+      omega_window: c >= 1, Atlas' Omega rule for c > 1 (:mod:`titans_lm.memory.omega`): each
+        chunk's gradient factors are taken over its extended token set [c - 1 tokens before it
+        || its b tokens] (the tokens before token 0 from ``omega_tail``) and every coefficient
+        row of the writes becomes C @ Wmask (:func:`~titans_lm.memory.omega.omega_mask`).
+      gamma: [T] the Omega gates in [0, 1] (with omega_window > 1 only).
+      omega_tail: None (a fresh stream) or (k [c - 1, d_k], v [c - 1, d_v], gamma [c - 1],
+        valid bool [c - 1]) of the c - 1 tokens before token 0 (valid: in the document that
+        continues at token 0).
     Raises:
       ValueError: for chunks_per_checkpoint < 0, or ns_steps > 0 with running_mean.
     """
@@ -446,12 +457,29 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         coef = with_running_mean(coef, inside)
     if read != "after_write" and not ns_steps:
         coef = None   # the chunk-start read needs no coefficients inside the chunk
+    k_x, v_x = per_chunk(k_p), per_chunk(v_p)
+    if omega_window > 1:
+        # Atlas' Omega rule: every write row over the extended token set (titans_lm.memory.omega)
+        c = omega_window
+        n_all = n_groups * g
+        tk, tv, tg, tvalid = tail_or_empty(omega_tail, c, k.shape[1], v.shape[1], dt)
+        ext = lambda tail, x: extended_windows(jnp.concatenate([tail, x]), n_all, b, c)  # noqa: E731
+        k_x, v_x = ext(tk, k_p), ext(tv, v_p)
+        mask = jax.vmap(lambda gm, dc: omega_mask(gm, dc, c))(
+            ext(tg, _pad_rows(gamma.astype(dt), total, 0)),
+            extended_windows(document_ids(reset_p, tvalid), n_all, b, c))
+        widen = lambda rows: None if rows is None else rows._replace(  # noqa: E731
+            C=extend_rows(rows.C, mask), M=extend_rows(rows.M, mask))
+        if ns_steps:   # materialised momenta: the window mixes the gradients S_t sums (M);
+            coef = coef._replace(M=extend_rows(coef.M, mask))   # C weights NS_k(S_t) per token
+        else:
+            coef, ends, keep_ends = widen(coef), widen(ends), widen(keep_ends)
 
     def group_shape(x):
         return x.reshape((n_groups, g) + x.shape[1:])
 
     nonempty = jnp.asarray(n_valid > 0) if fast_weight_norm else None
-    xs = (per_chunk(k_p), per_chunk(v_p), per_chunk(q_p), coef, ends,
+    xs = (k_x, v_x, per_chunk(q_p), coef, ends,
           reset_p.reshape(n_groups * g, b)[:, 0], keep_ends, keep_flags, after, nonempty)
     xs = jax.tree.map(group_shape, xs)
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
@@ -466,8 +494,10 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         factors = gradient_factors(model, P, kc, vc, attentional_bias)
         if af is not None:
             at_P0 = factors
+            # with the Omega window the tokens before the chunk come before any start inside it
+            af_x = jnp.concatenate([jnp.zeros((kc.shape[0] - af.shape[0],), bool), af])
             factors = when_inside(inside_starts, lambda: select_factors(
-                af, at_P0, gradient_factors(model, reset_to, kc, vc, attentional_bias)),
+                af_x, at_P0, gradient_factors(model, reset_to, kc, vc, attentional_bias)),
                 lambda: at_P0)
         if ns_steps:
             return ns_chunk((P, S), kept, factors, cf, ed, ked, kf, qc, af)

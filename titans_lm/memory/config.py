@@ -167,6 +167,19 @@ class MemoryConfig:
         docs/design.md#lact-large-chunks). Needs gradient_at "chunk_start" and learned_w0
         (a zero W0 has no norms to keep); impl "pallas" (and "auto" on GPU/TPU) then runs
         "chunked".
+      omega_window: c >= 1, Atlas' Omega rule (Behrouz et al. 2025, arXiv:2505.23735, sec. 3;
+        docs/design.md#the-omega-rule) for c > 1: each token writes the gates-weighted sum of
+        the gradients of its last c tokens (of its document; all at the state today's gradient
+        is taken at), u_t = sum_{j=t-c+1..t} gamma_j grad l(k_j, v_j), instead of its own
+        gradient alone. gamma_j = sigmoid(x_j W_gamma + b_gamma) per token and head depends on
+        the token j only (Atlas' gamma_i^(t) may also depend on t; here the window is a banded
+        matrix). The window reaches across chunks and calls (the carried state keeps the c - 1
+        tokens before the chunk start), never into an earlier document. 1 (default): the plain
+        rule, no gamma parameters. Needs gradient_at "chunk_start"; impl "pallas" and "auto" run
+        "chunked" for it; MAC's segment loop does not take it. Cost: c - 1 more gradient rows
+        per chunk.
+      omega_gamma_bias_init: initial bias of the gamma gate (2.0: sigmoid ~ 0.88, windows start
+        mostly on).
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
@@ -233,6 +246,8 @@ class MemoryConfig:
     ns_steps: int = 0
     ns_gradient: str = "exact"
     fast_weight_norm: bool = False
+    omega_window: int = 1
+    omega_gamma_bias_init: float = 2.0
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -300,6 +315,13 @@ class MemoryConfig:
                                          ("fast_weight_norm False", self.fast_weight_norm)) if on]
             need(not bad, "ns_steps", f"> 0 (Newton-Schulz momentum) needs {', '.join(bad)}; set "
                                       f"ns_steps 0 or change those")
+        need(isinstance(self.omega_window, int) and not isinstance(self.omega_window, bool)
+             and self.omega_window >= 1, "omega_window", "must be an int >= 1 (1: off)")
+        need(self.omega_window == 1 or self.gradient_at == "chunk_start", "omega_window",
+             "> 1 (the Omega rule) needs gradient_at 'chunk_start'; use omega_window 1 or "
+             "gradient_at 'chunk_start'")
+        need(isinstance(self.omega_gamma_bias_init, (int, float)), "omega_gamma_bias_init",
+             "must be a number")
         for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
             need(getattr(self, field) == default or self.impl in ("chunked", "reference"), field,
                  f"other than {default!r} is supported by impl 'chunked' and 'reference' only "

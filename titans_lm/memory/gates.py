@@ -6,6 +6,8 @@ arXiv:2407.04620 sec. 2.7):
     titans:  theta = theta_max * sigmoid(a_theta),   eta = eta_max * sigmoid(a_eta),
              alpha = sigmoid(a_alpha)      (the paper: eta_max = 1)
     ttt:     theta = base_lr * sigmoid(a_theta) / head_dim
+    omega:   gamma = sigmoid(a_gamma)      (Atlas' Omega rule, arXiv:2505.23735 sec. 3: the weight
+             of a token's loss in the sliding windows it is in; MemoryConfig.omega_window > 1)
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ def titans_eta(pre: jax.Array, eta_max: float = 1.0) -> jax.Array:
 def ttt_theta(pre: jax.Array, base_lr: float, head_dim: int) -> jax.Array:
     """TTT's learnable inner learning rate: base_lr * sigmoid(pre) / head_dim."""
     return base_lr * jax.nn.sigmoid(pre) / head_dim
+
+
+def omega_gamma(pre: jax.Array) -> jax.Array:
+    """gamma = sigmoid(pre) in (0, 1): a token's weight in the Omega windows it is in."""
+    return jax.nn.sigmoid(pre)
 
 
 def first_of_chunk(pre_BT_: jax.Array, chunk_size: int, starts_BT: jax.Array | None = None) -> jax.Array:

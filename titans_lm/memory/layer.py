@@ -72,6 +72,7 @@ class MemoryInputs(NamedTuple):
     theta, eta, alpha: [B, H, T] gates; reset: bool [B, T] document starts;
     log_keep: [B, H, T] log(1 - alpha) from the gate's pre-activation (log_sigmoid), the forget
     gate as the engine uses it (None: the engine forms 1 - alpha).
+    gamma: [B, H, T] Atlas' Omega gates in [0, 1] (0 for padding) with omega_window > 1, else None.
     """
 
     q: jax.Array
@@ -82,6 +83,7 @@ class MemoryInputs(NamedTuple):
     alpha: jax.Array
     reset: jax.Array
     log_keep: Optional[jax.Array] = None
+    gamma: Optional[jax.Array] = None
 
 
 def _param(rngs, init, shape, axes, dtype):
@@ -109,7 +111,8 @@ class NeuralMemory(nnx.Module):
     "head_dim"); conv_q, conv_k, conv_v [K, H, Dh] (None, "heads", "head_dim") when use_conv (row 0
     multiplies the current token, row i the token i steps back: ``titans_lm.nn.conv``);
     theta_w / eta_w / alpha_w [D, H] ("embed", "heads") and *_b [H] ("heads",), eta and alpha only
-    when momentum / decay are on; w0 (nnx.List, the inner model's initial parameters per head:
+    when momentum / decay are on; gamma_w [D, H], gamma_b [H] (Atlas' Omega gates) only with
+    omega_window > 1; w0 (nnx.List, the inner model's initial parameters per head:
     matrices [H, d_in, d_out] (the first d_in = ``cfg.key_width``) ("heads", None, "memory"), vectors [H, d] ("heads", "memory"));
     norm_scale [H, Dh] ("heads", "head_dim"); w_out [H, Dh, D] ("heads", "head_dim", "embed").
 
@@ -168,6 +171,10 @@ class NeuralMemory(nnx.Module):
         if cfg.use_output_gate:
             self.w_gate = _param(rngs, proj_init, (D, H, Dh), qkv_axes, pdt)
         self.w_out = _param(rngs, out_init, (H, Dh, D), ("heads", "head_dim", "embed"), pdt)
+        if cfg.omega_window > 1:   # last, so that the other parameters draw what they draw without
+            self.gamma_w = _param(rngs, gate_w_init, (D, H), ("embed", "heads"), pdt)
+            self.gamma_b = _param(rngs, _const_init(cfg.omega_gamma_bias_init), (H,), ("heads",),
+                                  pdt)
 
     # ----------------------------------------------------------------------------- dtypes
     @property
@@ -246,26 +253,31 @@ class NeuralMemory(nnx.Module):
                else zeros)
         # log(1 - alpha) = log_sigmoid(-a): exact near alpha -> 0 and -> 1, where 1 - alpha is not
         log_keep = jax.nn.log_sigmoid(-pre(self.alpha_w, self.alpha_b)) if cfg.use_decay else zeros
+        gamma = (gate_fns.omega_gamma(pre(self.gamma_w, self.gamma_b)) if cfg.omega_window > 1
+                 else None)
 
         to_bhtd = lambda y: jnp.transpose(y, (0, 2, 1, 3))  # noqa: E731
         to_bht = lambda g: jnp.transpose(g, (0, 2, 1))  # noqa: E731
         tokens = Tokens(q=to_bhtd(q), k=to_bhtd(k), v=to_bhtd(v), theta=to_bht(theta),
                          eta=to_bht(eta), log_keep=to_bht(log_keep), real=stream.segment_ids != 0,
-                         reset=jnp.asarray(stream.starts, bool))
+                         reset=jnp.asarray(stream.starts, bool),
+                         gamma=None if gamma is None else to_bht(gamma))
         return tokens, tuple(new_tails)
 
     def _finish(self, t: Tokens) -> MemoryInputs:
         """Per-chunk gates (gate_granularity "chunk": a gate is elementwise in its
         pre-activation, so taking the chunk's first gate equals gating its first pre-activation)
-        and the padding mask, for tokens whose chunk grid starts at index 0."""
+        and the padding mask, for tokens whose chunk grid starts at index 0. The Omega gates
+        gamma stay per token (they weight a token's loss in the windows it is in), padding 0."""
         gates = (t.theta, t.eta, t.log_keep)
         if self.cfg.gate_granularity == "chunk":
             gates = tuple(gate_fns.first_of_chunk(jnp.swapaxes(g, 1, 2), self.cfg.chunk_size,
                                                   t.reset).swapaxes(1, 2) for g in gates)
         real = t.real[:, None, :]
         theta, eta, log_keep = (jnp.where(real, g, 0) for g in gates)
+        gamma = None if t.gamma is None else jnp.where(real, t.gamma, 0)
         return MemoryInputs(q=t.q, k=t.k, v=t.v, theta=theta, eta=eta, alpha=-jnp.expm1(log_keep),
-                            reset=t.reset, log_keep=log_keep)
+                            reset=t.reset, log_keep=log_keep, gamma=gamma)
 
     def initial_params(self) -> tuple:
         """The per-head initial memory parameters W0: tuple of [H, ...] (inner dtype); learned,
@@ -278,8 +290,9 @@ class NeuralMemory(nnx.Module):
         """W0 broadcast to [B, H, ...] (inner dtype): the parameters at a document start."""
         return tuple(jnp.broadcast_to(p, (batch_size,) + p.shape) for p in self.initial_params())
 
-    def scan(self, state: State, q, k, v, theta, eta, alpha, reset=None, log_keep=None, *,
-             read: Optional[str] = None, reset_to: Optional[tuple] = None, state_length=None):
+    def scan(self, state: State, q, k, v, theta, eta, alpha, reset=None, log_keep=None,
+             gamma=None, *, read: Optional[str] = None, reset_to: Optional[tuple] = None,
+             state_length=None, omega_tail: Optional[tuple] = None):
         """Write every token into the memory and read every query (vmapped engine).
 
         A kernel engine (``impl="pallas"``, or ``"auto"`` on GPU/TPU) runs per shard of JAX's
@@ -298,8 +311,14 @@ class NeuralMemory(nnx.Module):
             after reset in MemoryInputs' order, so ``scan(state, *inputs)`` passes it.
           state_length: None, or an int scalar (may be traced) shared by all rows: return the
             state after that many tokens (``memory_scan``'s ``state_length``).
+          gamma: [B, H, T] the Omega gates (MemoryInputs.gamma), required with omega_window > 1.
+          omega_tail: with omega_window > 1, None (a fresh stream) or (k [B, H, c - 1, Dh],
+            v [B, H, c - 1, Dh], gamma [B, H, c - 1], valid bool [B, c - 1]): the c - 1 tokens
+            before the first (``carried.OmegaState``'s tail; keys before the feature map).
         Returns:
           (reads [B, H, T, Dh], final state) in the inner dtype.
+        Raises:
+          ValueError: with omega_window > 1 and no gamma (a wiring that does not pass it).
         """
         cfg = self.cfg
         params, momentum = state
@@ -318,24 +337,48 @@ class NeuralMemory(nnx.Module):
                        ns_gradient=cfg.ns_gradient)
         if cfg.fast_weight_norm:
             options["fast_weight_norm"] = True
+        omega = cfg.omega_window > 1
+        if omega and gamma is None:
+            raise ValueError("omega_window > 1 (the Omega rule) needs gamma, the window gates "
+                             "(MemoryInputs.gamma from project()); this wiring does not pass them: "
+                             "set model.memory.omega_window=1")
+        if not omega and (gamma is not None or omega_tail is not None):
+            raise ValueError("gamma and omega_tail are inputs of the Omega rule only; set "
+                             "omega_window > 1 or drop them")
         q, k = self._features(q), self._features(k)
+        ones = lambda x: jnp.ones(x.shape[:-1] + (1,), x.dtype)  # noqa: E731
         if cfg.read_normalizer:   # z = sum theta phi(k) rides along as the last value column
-            v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+            v = jnp.concatenate([v, ones(v)], axis=-1)
+        om = None
+        if omega:
+            c = cfg.omega_window
+            if omega_tail is None:
+                z = jnp.zeros(k.shape[:2] + (c - 1,), self.inner_dtype)
+                omega_tail = (jnp.zeros(z.shape + (cfg.head_dim,), z.dtype),) * 2 + (
+                    z, jnp.zeros((B, c - 1), bool))
+            tk, tv, tg, tvalid = omega_tail
+            tk = self._features(tk.astype(self.inner_dtype))
+            tv = tv.astype(self.inner_dtype)
+            if cfg.read_normalizer:
+                tv = jnp.concatenate([tv, ones(tv)], axis=-1)
+            om = (gamma.astype(self.inner_dtype), tk, tv, tg.astype(self.inner_dtype), tvalid)
         engine = functools.partial(memory_scan, model=self.model, chunk_size=cfg.chunk_size,
                                    impl=cfg.impl, read=read or cfg.read, **options)
 
-        def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl, inside):
+        def one(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl, inside, om_=None):
             kw = {} if lk is None else {"log_keep": lk}
             if sl is not None:
                 kw["state_length"] = sl
+            if om_ is not None:
+                kw.update(omega_window=cfg.omega_window, gamma=om_[0], omega_tail=om_[1:])
             # One flag for all rows, so that it stays a branch under vmap: without a document
             # start inside a chunk the engines skip that work (the kernel runs).
             return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0,
                           inside_starts=inside, **kw)
 
-        per_row = jax.vmap(one, in_axes=(0,) * 11 + (None, None))
+        per_row = jax.vmap(one, in_axes=(0,) * 11 + (None, None, 0))
 
-        def over_batch(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl):
+        def over_batch(p, m, k_, v_, q_, th, et, al, rs, p0, lk, sl, om_=None):
             # One vmap over the B * H rows, not one over B around one over H: with a single
             # batch dimension XLA's CPU dots ran the engine of a d_model 256, 4-head layer 1.5x
             # faster (fwd + bwd at T = 4096: 0.55 s -> 0.36 s). Shapes come from the operands:
@@ -343,21 +386,24 @@ class NeuralMemory(nnx.Module):
             Bl, Hl = k_.shape[:2]
             flat = lambda x: x.reshape((Bl * Hl,) + x.shape[2:])  # noqa: E731
             flat_all = lambda xs: tuple(flat(x) for x in xs)  # noqa: E731
+            if om_ is not None:   # the tail's in-document flags are per row: repeat over heads
+                om_ = flat_all(om_[:4]) + (jnp.repeat(om_[4], Hl, axis=0),)
             reads, (P, S) = per_row(flat_all(p), flat_all(m), flat(k_), flat(v_), flat(q_),
                                     flat(th), flat(et), flat(al), jnp.repeat(rs, Hl, axis=0),
                                     flat_all(p0), None if lk is None else flat(lk), sl,
-                                    starts_inside_chunks(rs, cfg.chunk_size))
+                                    starts_inside_chunks(rs, cfg.chunk_size), om_)
             unflat = lambda x: x.reshape((Bl, Hl) + x.shape[1:])  # noqa: E731
             return unflat(reads), (tuple(map(unflat, P)), tuple(map(unflat, S)))
         idt = self.inner_dtype
         cast = lambda xs: tuple(x.astype(idt) for x in xs)  # noqa: E731
-        # Kernel engines run per shard of the current mesh (titans_lm.memory.sharded).
-        reads, (P, S) = sharded.run_engine(
-            over_batch, (cast(params), cast(momentum), k.astype(idt), v.astype(idt),
-                         q.astype(idt), theta.astype(idt), eta.astype(idt), alpha.astype(idt),
-                         reset, cast(reset_to), None if log_keep is None else log_keep.astype(idt),
-                         state_length),
-            impl=cfg.impl, batch=B, heads=cfg.n_heads)
+        operands = (cast(params), cast(momentum), k.astype(idt), v.astype(idt), q.astype(idt),
+                    theta.astype(idt), eta.astype(idt), alpha.astype(idt), reset, cast(reset_to),
+                    None if log_keep is None else log_keep.astype(idt), state_length)
+        if omega:   # no kernel for the Omega rule: the engines run "chunked" (pallas, auto)
+            reads, (P, S) = over_batch(*operands, om)
+        else:       # kernel engines run per shard of the current mesh (titans_lm.memory.sharded)
+            reads, (P, S) = sharded.run_engine(over_batch, operands, impl=cfg.impl, batch=B,
+                                               heads=cfg.n_heads)
         return self._normalised(reads), (P, S)
 
     def read(self, state: State, q_BHTD: jax.Array) -> jax.Array:
@@ -414,7 +460,8 @@ class NeuralMemory(nnx.Module):
             tail = tuple(jnp.zeros((B, cfg.conv_kernel - 1, cfg.n_heads, cfg.head_dim),
                                    self.compute_dtype) for _ in range(3))
         return empty_state(self._w0(B), chunk_size=cfg.chunk_size, head_dim=cfg.head_dim,
-                           inner_dtype=self.inner_dtype, conv_tail=tail)
+                           inner_dtype=self.inner_dtype, conv_tail=tail,
+                           omega_window=cfg.omega_window)
 
     def reset_memory(self, state: MemoryState, rows_B: jax.Array) -> MemoryState:
         """The mixer protocol's memory reset: ``titans_lm.memory.carried.reset_rows``."""
@@ -456,10 +503,13 @@ class NeuralMemory(nnx.Module):
         else:
             length = jnp.where(prefix, m, m - n_next)
         inputs = self._finish(seq)
+        om = state.omega   # the Omega window's tail before the chunk start (omega_window > 1)
         reads, (P, S) = self.scan((state.params, state.momentum), inputs.q, inputs.k, inputs.v,
                                   inputs.theta, inputs.eta, inputs.alpha, inputs.reset,
                                   reset_to=state.reset_to, state_length=length,
-                                  log_keep=inputs.log_keep)
+                                  log_keep=inputs.log_keep, gamma=inputs.gamma,
+                                  omega_tail=(om.tail_k, om.tail_v, om.tail_gamma,
+                                              om.tail_valid) if om else None)
         if not fresh:
             reads = jax.lax.dynamic_slice_in_dim(reads, n, T, axis=2)
         y = self.output(reads, x_BTD)

@@ -22,6 +22,11 @@ current mini-batch. At token t (Titans eqs. 12-14, mini-batch size b = chunk_siz
 A document start inside a chunk thus cuts that chunk in two mini-batches; the chunk grid (t % b)
 stays where it is (docs/design.md#resets-inside-a-chunk).
 
+With ``omega_window`` c > 1 (Atlas' Omega rule, docs/design.md#the-omega-rule) the scan also carries
+the last c - 1 tokens (k, v, gamma, in-document flag; a document start clears the flags) and G is
+the gradient of sum_j gamma_j l(f(k_j; .), v_j) over the window j = t - c + 1..t of t's
+document, at P_start (each g_j clipped first where surprise_max_norm > 0).
+
 (see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads). With
 ``state_length`` L the scan also carries the state after token L - 1 (the initial state for
 L = 0), which it returns instead of the final one (with ``fast_weight_norm`` normalised, as if
@@ -41,6 +46,7 @@ from titans_lm.memory.biases import DEFAULT_BIAS
 from titans_lm.memory.inner_models import InnerModel
 from titans_lm.memory.newton_schulz import write_direction
 from titans_lm.memory.weight_norm import normalize_fast_weights
+from titans_lm.memory.omega import tail_or_empty
 
 
 def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: InnerModel,
@@ -48,7 +54,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
                    log_keep=None, state_length=None, surprise_max_norm: float = 0.0,
                    attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
                    decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
-                   fast_weight_norm: bool = False):
+                   fast_weight_norm: bool = False, omega_window: int = 1, gamma=None,
+                   omega_tail=None):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -69,6 +76,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     (:mod:`titans_lm.memory.newton_schulz`).
     ``fast_weight_norm`` rescales the weight matrices to ``reset_to``'s column norms at every
     mini-batch end, after that token's read (:mod:`titans_lm.memory.weight_norm`).
+    ``omega_window`` c > 1 takes ``gamma`` [T] and ``omega_tail`` (k [c - 1, d_k], v [c - 1, d_v],
+    gamma [c - 1], valid bool [c - 1] of the tokens before token 0, or None: a fresh stream).
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(lambda p, k_, v_: model.loss(p, k_, v_, attentional_bias))
@@ -77,10 +86,31 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     to_target = decay_target == "initial"
     T = k.shape[0]
     keep_until = T if state_length is None else state_length
+    omega = omega_window > 1
+
+    def clip(G):
+        if surprise_max_norm <= 0:
+            return G
+        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
+        return tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
+
+    def window_gradient(base, ring, k_t, v_t, gamma_t, reset_t):
+        """sum_j gamma_j g_j over the window (ring: the c - 1 previous tokens), and the ring
+        after token t."""
+        rk, rv, rg, rvalid = ring
+        rvalid = rvalid & ~reset_t                    # a document start: earlier tokens leave
+        wk = jnp.concatenate([rk, k_t[None]])
+        wv = jnp.concatenate([rv, v_t[None]])
+        w = jnp.concatenate([jnp.where(rvalid, rg, 0), gamma_t[None]])
+        per_token = jax.vmap(lambda k_, v_: clip(grad_fn(base, k_[None], v_[None])))(wk, wv)
+        G = tuple(jnp.tensordot(w, g, axes=1) for g in per_token)
+        ring = (wk[1:], wv[1:], jnp.concatenate([rg, gamma_t[None]])[1:],
+                jnp.concatenate([rvalid, jnp.ones((1,), bool)])[1:])
+        return G, ring
 
     def step(carry, x):
-        (P, S, P_start, Pg, Sg, start), (P_keep, S_keep) = carry
-        t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t, ends_t = x
+        (P, S, P_start, Pg, Sg, start, ring), (P_keep, S_keep) = carry
+        t, k_t, v_t, q_t, theta_t, eta_t, keep_t, reset_t, ends_t, gamma_t = x
         at_start = (t % chunk_size == 0) | reset_t
         start = jnp.where(at_start, t, start).astype(start.dtype)
         P = tuple(jnp.where(reset_t, r, p) for r, p in zip(reset_to, P))
@@ -90,10 +120,10 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
             base = tuple(p if i in outer else keep_t * p for i, p in enumerate(P))
         else:
             base = P_start
-        G = grad_fn(base, k_t[None], v_t[None])
-        if surprise_max_norm > 0:
-            norm = jnp.sqrt(sum(jnp.sum(g * g) for g in G))
-            G = tuple(g * jnp.minimum(1.0, surprise_max_norm / jnp.maximum(norm, 1e-30)) for g in G)
+        if omega:
+            G, ring = window_gradient(base, ring, k_t, v_t, gamma_t, reset_t)
+        else:
+            G = clip(grad_fn(base, k_t[None], v_t[None]))
         lr = 1 if ns_steps else theta_t        # Atlas: theta outside NS_k, on the write
         S = tuple(s if i in outer else eta_t * s - lr * g for i, (s, g) in enumerate(zip(S, G)))
         W = tuple(theta_t * write_direction(s, ns_steps, ns_gradient) for s in S) if ns_steps else S
@@ -118,13 +148,14 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         else:
             P_keep = tuple(jnp.where(kept, p, p_k) for p, p_k in zip(P, P_keep))
         S_keep = tuple(jnp.where(kept, s, s_k) for s, s_k in zip(S, S_keep))
-        return ((P, S, P_start, Pg, Sg, start), (P_keep, S_keep)), y
+        return ((P, S, P_start, Pg, Sg, start, ring), (P_keep, S_keep)), y
 
     P0, S0 = tuple(params0), tuple(momentum0)
     # the mini-batch ends: the chunk grid's, before a document start, and the sequence's end
     ends = ((jnp.arange(T) % chunk_size == chunk_size - 1)
             | jnp.concatenate([reset[1:], jnp.ones((1,), bool)]))
-    xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset, ends)
-    carry0 = ((P0, S0, P0, zeros, zeros, jnp.zeros((), jnp.int32)), (P0, S0))
-    ((P, S, _, _, _, _), kept), reads = jax.lax.scan(step, carry0, xs)
+    xs = (jnp.arange(T), k, v, q, theta, eta, keep_all, reset, ends, gamma)
+    ring = tail_or_empty(omega_tail, omega_window, k.shape[1], v.shape[1], k.dtype) if omega else ()
+    carry0 = ((P0, S0, P0, zeros, zeros, jnp.zeros((), jnp.int32), ring), (P0, S0))
+    ((P, S, _, _, _, _, _), kept), reads = jax.lax.scan(step, carry0, xs)
     return reads, ((P, S) if state_length is None else kept)

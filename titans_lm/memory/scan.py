@@ -13,7 +13,9 @@ with validated inputs: tuples of arrays for the states, one floating dtype for e
 ``running_mean=True``, ``log_keep`` (a [T] array) and ``state_length`` (an int32 scalar, possibly
 traced) arrive as keyword arguments only when the caller sets them (built-in implementations take
 ``running_mean`` and ``log_keep``; ``alpha`` is then still an array). An implementation that
-supports ``state_length`` returns the state after that many tokens.
+supports ``state_length`` returns the state after that many tokens. The Omega rule's
+``omega_window`` (an int > 1), ``gamma`` ([T]) and ``omega_tail`` (a tuple, or absent) arrive the
+same way, only for a window > 1 and only to implementations that name ``omega_window``.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                 reset_to=None, running_mean: bool = False, log_keep=None, state_length=None,
                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start",
                 decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
-                fast_weight_norm: bool = False, **impl_options):
+                fast_weight_norm: bool = False, omega_window: int = 1, gamma=None, omega_tail=None,
+                **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -205,6 +208,21 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         are left as they are. The state returned for ``state_length`` L >= 1 is normalised
         too. With gradient_at "chunk_start"; implemented by "chunked" and "reference";
         "pallas" (and "auto" on GPU/TPU) run "chunked" for it (logged once).
+      omega_window: c >= 1 (default 1: the rule above). c > 1 is Atlas' Omega rule (Behrouz et
+        al. 2025, arXiv:2505.23735, sec. 3; docs/design.md#the-omega-rule): token t's gradient
+        becomes u_t = sum_j gamma_j grad l(P_{t'}; k_j, v_j) over the window j = t - c + 1..t of
+        t's document (every gradient at the same state as today's; the window reaches back
+        before the chunk and the call, never into an earlier document). gamma_j depends on the
+        token j only (Atlas' gamma_i^(t) may depend on t), so the window is a banded matrix.
+        Implementations "chunked" and "reference" ("pallas" and "auto" run "chunked"); not with
+        gradient_at "previous_token".
+      gamma: [T] the Omega gates gamma_j in [0, 1] (with omega_window > 1 only, then required;
+        outside jit out-of-range values raise ValueError).
+      omega_tail: with omega_window > 1, None (a fresh stream: no token before token 0) or the
+        c - 1 tokens before token 0, oldest first: (k [c - 1, d_k], v [c - 1, d_v],
+        gamma [c - 1], valid bool [c - 1]); valid: the token is in the document that continues at
+        token 0 (a start at token 0 still cuts it off). One call over a sequence equals calls
+        over its parts when each passes the previous part's last c - 1 tokens here.
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
@@ -288,6 +306,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         impl_options["decay_target"] = decay_target
     if fast_weight_norm:
         impl_options["fast_weight_norm"] = True
+    impl_options.update(_check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v))
     if _accepts(fn, "inside_starts"):
         if impl_options.get("inside_starts") is None:
             impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
@@ -304,8 +323,13 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         impl_options["running_mean"] = True
     if log_keep is not None:
         impl_options["log_keep"] = log_keep.astype(dtype)
+    if "gamma" in impl_options:
+        impl_options["gamma"] = impl_options["gamma"].astype(dtype)
+    if impl_options.get("omega_tail") is not None:
+        tk, tv, tg, tvalid = impl_options["omega_tail"]
+        impl_options["omega_tail"] = cast((tk, tv, tg)) + (tvalid,)
     dynamic = {name: value for name, value in impl_options.items()
-               if name in ("log_keep", "state_length") or _is_array(value)}
+               if name in ("log_keep", "state_length", "gamma", "omega_tail") or _is_array(value)}
     static = {name: value for name, value in impl_options.items() if name not in dynamic}
     compiled = _compiled(fn, tuple(sorted(static)))
     return compiled(cast(params0), cast(momentum0), k, v, q, theta, eta, alpha, reset,
@@ -375,6 +399,59 @@ def _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_m
     if not _accepts(fn, "ns_steps"):
         raise ValueError(f"ns_steps > 0 is supported by impl 'chunked', 'reference', 'pallas' and "
                          f"'auto' only, not {impl!r}; change impl or set ns_steps=0")
+def _check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v) -> dict:
+    """The implementation options of the Omega rule (none for omega_window = 1), validated: one
+    ValueError naming the argument and the fix for a bad window, gate or tail, or a combination
+    that is not implemented."""
+    if not isinstance(omega_window, int) or isinstance(omega_window, bool) or omega_window < 1:
+        raise ValueError(f"omega_window must be an int >= 1 (1: the plain rule), got {omega_window!r}")
+    if omega_window == 1:
+        for name, value in (("gamma", gamma), ("omega_tail", omega_tail)):
+            if value is not None:
+                raise ValueError(f"{name} is an input of the Omega rule only; pass it with "
+                                 f"omega_window > 1, or drop it")
+        return {}
+    if gradient_at != GRADIENT_AT[0]:
+        raise ValueError(f"omega_window > 1 (the Omega rule) takes every gradient at the chunk "
+                         f"start; gradient_at={gradient_at!r} is not implemented with it. Use "
+                         f"gradient_at='chunk_start' or omega_window=1")
+    if not _accepts(fn, "omega_window"):
+        raise ValueError(f"omega_window > 1 is supported by impl 'chunked', 'reference', 'pallas' "
+                         f"and 'auto' (which run 'chunked' for it), not {impl!r}; change impl or "
+                         f"use omega_window=1")
+    T, n = k.shape[0], omega_window - 1
+    if gamma is None:
+        raise ValueError("omega_window > 1 needs gamma, the [T] window gates in [0, 1]")
+    gamma = jnp.asarray(gamma)
+    if gamma.shape != (T,):
+        raise ValueError(f"gamma must be [T] = [{T}] (one gate per token), got {tuple(gamma.shape)}")
+    _check_unit_interval("gamma", gamma)
+    options = {"omega_window": omega_window, "gamma": gamma}
+    if omega_tail is not None:
+        if not isinstance(omega_tail, (tuple, list)) or len(omega_tail) != 4:
+            raise ValueError("omega_tail must be a tuple (k, v, gamma, valid) of the c - 1 tokens "
+                             "before token 0, or None for a fresh stream")
+        tail = tuple(jnp.asarray(x) for x in omega_tail)
+        want = ((n, k.shape[1]), (n, v.shape[1]), (n,), (n,))
+        for name, x, shape in zip(("k", "v", "gamma", "valid"), tail, want):
+            if x.shape != shape:
+                raise ValueError(f"omega_tail's {name} must be {list(shape)} (the c - 1 = {n} "
+                                 f"tokens before token 0), got {tuple(x.shape)}")
+        _check_unit_interval("omega_tail's gamma", tail[2])
+        options["omega_tail"] = tail[:3] + (tail[3].astype(bool),)
+    return options
+
+
+def _check_unit_interval(name, g) -> None:
+    if not is_concrete(g):
+        return
+    g = np.asarray(g)
+    bad = ~((g >= 0) & (g <= 1))
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise ValueError(f"{name} must be in [0, 1] at every token; {name}[{first}] = "
+                         f"{float(g[first])} ({int(bad.sum())} bad value(s)). Build it with a "
+                         f"sigmoid or clip it before memory_scan")
 
 
 def _accepts(fn, name: str) -> bool:

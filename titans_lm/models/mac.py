@@ -200,6 +200,11 @@ class MACMixer(nnx.Module):
         if segment_len < 1 or segment_len % chunk:
             raise ValueError(f"MAC segment_len={segment_len} must be a positive multiple of the "
                              f"memory chunk_size={chunk}")
+        if memory.cfg.omega_window > 1:
+            raise ValueError(f"MAC does not take model.memory.omega_window="
+                             f"{memory.cfg.omega_window} (its segment loop writes each segment "
+                             f"without the Omega window's earlier tokens); set omega_window=1, or "
+                             f"use the lmm, mag or mal backbone")
         if memory_input not in MEMORY_INPUTS:
             raise ValueError(f"MAC memory_input={memory_input!r}: must be one of "
                              f"{', '.join(MEMORY_INPUTS)}")

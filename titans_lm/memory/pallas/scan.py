@@ -201,7 +201,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 backend: str | None = None, interpret: bool | None = None,
                 precision: str = "highest", running_mean: bool = False, log_keep=None,
                 state_length=None, inside_starts=None, decay_target: str = "zero",
-                ns_steps: int = 0, ns_gradient: str = "exact", fast_weight_norm: bool = False):
+                ns_steps: int = 0, ns_gradient: str = "exact", fast_weight_norm: bool = False,
+                omega_window: int = 1, gamma=None, omega_tail=None):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -230,6 +231,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         ns_steps > 0 runs ``chunked`` (logged once).
       fast_weight_norm: as memory_scan's; the kernel does not normalise, so True runs
         ``chunked`` (logged once).
+      omega_window, gamma, omega_tail: as memory_scan's; the kernel has no Omega window, so
+        omega_window > 1 runs ``chunked`` (logged once).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -246,7 +249,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             log_keep=log_keep, state_length=state_length,
                             inside_starts=inside_starts, decay_target=decay_target,
                             ns_steps=ns_steps, ns_gradient=ns_gradient,
-                            fast_weight_norm=fast_weight_norm)
+                            fast_weight_norm=fast_weight_norm,
+                            omega_window=omega_window, gamma=gamma, omega_tail=omega_tail)
 
     if decay_target != "zero":
         log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
@@ -256,6 +260,9 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         return whole_call_chunked()
     if fast_weight_norm:
         log_fallback("fast_weight_norm=True (the kernel does not normalise the fast weights)")
+        return whole_call_chunked()
+    if omega_window > 1:
+        log_fallback(f"omega_window={omega_window} (the kernel writes one gradient per token)")
         return whole_call_chunked()
     if state_length is not None:
         return whole_call_chunked()
@@ -302,13 +309,15 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
               chunk_size: int, read: str, reset_to, chunks_per_checkpoint: int = 1,
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
               decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
-              fast_weight_norm: bool = False, **pallas_options):
+              fast_weight_norm: bool = False, omega_window: int = 1, gamma=None, omega_tail=None,
+              **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
-    ``inside_starts``, ``decay_target``, ``ns_steps``, ``ns_gradient`` and
-    ``fast_weight_norm`` as :func:`pallas_scan`'s.
+    ``inside_starts``, ``decay_target``, ``ns_steps``, ``ns_gradient``, ``fast_weight_norm``
+    and the Omega rule's ``omega_window``, ``gamma``, ``omega_tail`` as :func:`pallas_scan`'s.
     """
+    omega = dict(omega_window=omega_window, gamma=gamma, omega_tail=omega_tail)
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
@@ -316,11 +325,11 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
                            log_keep=log_keep, state_length=state_length,
                            inside_starts=inside_starts, decay_target=decay_target,
                            ns_steps=ns_steps, ns_gradient=ns_gradient,
-                           fast_weight_norm=fast_weight_norm, **pallas_options)
+                           fast_weight_norm=fast_weight_norm, **omega, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                         log_keep=log_keep, state_length=state_length,
                         inside_starts=inside_starts, decay_target=decay_target,
                         ns_steps=ns_steps, ns_gradient=ns_gradient,
-                        fast_weight_norm=fast_weight_norm)
+                        fast_weight_norm=fast_weight_norm, **omega)
