@@ -9,6 +9,11 @@ tokens of adversarial input (docs/design.md#stable-range), in float32 as trained
   the Titans one at memory depth 1 to 4;
 - LaCT's (SwiGLU fast weights, the dot bias, chunks of 512) keeps its weight matrices at W0's
   column norms (``fast_weight_norm``), so its band holds by construction;
+- Atlas' (the Omega window with every gamma at 1, Muon on the momentum, polynomial keys: the
+  key width of a head of 16) runs 16,384 tokens, not 64K: its write materialises every token's
+  state and runs 5 Newton-Schulz steps on it (about 5 MFLOP a token here), and each write is
+  theta times a matrix of unit singular values whatever the input, so the decay toward W0
+  bounds it after ~1 / alpha tokens as it does the LMM's;
 - the band: a memory with a learned W0 keeps ||P_t|| within [1/2, 2] x ||P_init|| (the Titans
   presets decay toward P_init: ``decay_target``); one that starts at zero reads at most 2
   (unit values; the delta rule fits them); linear attention's normalised read is a convex
@@ -29,6 +34,7 @@ from titans_lm.memory import memory_scan
 from titans_lm.models.memory_mixer import memory_config
 
 T = 65_536
+T_MUON = 16_384   # presets with Newton-Schulz steps (module docstring)
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,14 +56,14 @@ def presets() -> dict:
 
 CASES = [("lmm", depth) for depth in (1, 2, 3, 4)] + [
     (name, None) for name in ("ttt_linear", "ttt_mlp", "linear_attention", "deltanet",
-                              "gated_deltanet", "lact")]
+                              "gated_deltanet", "lact", "atlas")]
 
 
 def test_the_cases_cover_every_shipped_preset():
     assert sorted(presets()) == sorted({name for name, _ in CASES})
 
 
-def _inputs(kind, d, dv, positive):
+def _inputs(kind, d, dv, positive, T=T):
     rng = np.random.default_rng(0)
     u = rng.normal(size=d)
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
@@ -84,16 +90,21 @@ def test_a_preset_stays_in_its_band_over_64k_adversarial_tokens(name, depth):
     eta = m.eta_max if m.use_momentum else 0.0
     alpha = float(jax.nn.sigmoid(m.alpha_bias_init)) if m.use_decay else 0.0
     bias = m.bias()
+    T_run = T_MUON if m.ns_steps else T
+    omega = dict(omega_window=m.omega_window, gamma=jnp.ones(T_run, jnp.float32)) if (
+        m.omega_window > 1) else {}
     for kind in ("same", "one_direction"):
-        k, v = _inputs(kind, d, dv - int(m.read_normalizer), positive=m.feature_map == "elu1")
+        k, v = _inputs(kind, d, dv - int(m.read_normalizer), positive=m.feature_map == "elu1",
+                       T=T_run)
         if m.read_normalizer:
-            v = jnp.concatenate([v, jnp.ones((T, 1), v.dtype)], axis=-1)
-        full = lambda x: jnp.full(T, x, jnp.float32)  # noqa: E731
+            v = jnp.concatenate([v, jnp.ones((T_run, 1), v.dtype)], axis=-1)
+        full = lambda x: jnp.full(T_run, x, jnp.float32)  # noqa: E731
         reads, (P, _) = memory_scan(W0, tuple(map(jnp.zeros_like, W0)), k, v, k, full(theta),
                                     full(eta), full(alpha), model=model, chunk_size=m.chunk_size,
                                     gradient_at=m.gradient_at, decay_target=m.decay_target,
                                     attentional_bias=bias, read=m.read,
-                                    fast_weight_norm=m.fast_weight_norm)
+                                    fast_weight_norm=m.fast_weight_norm, ns_steps=m.ns_steps,
+                                    ns_gradient=m.ns_gradient, **omega)
         assert bool(jnp.all(jnp.isfinite(reads))), (kind, "reads")
         norm = lambda ps: float(jnp.sqrt(sum(jnp.sum(p * p) for p in ps)))  # noqa: E731
         assert np.isfinite(norm(P)), (kind, "state")

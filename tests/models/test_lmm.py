@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from _backbones import (build, copy_shared_params, forward_mixer, mixer_input, run_probe,
-                        small_model_cfg)
+from _backbones import (build, copy_shared_params, forward_mixer, load_config, mixer_input,
+                        run_probe, small_model_cfg)
 from titans_lm.memory.inner_models import LinearMemory, MLPMemory
 from titans_lm.models.memory_mixer import MemoryMixer
 
@@ -147,3 +147,14 @@ def test_jvp_of_the_loss_through_the_model_matches_a_finite_difference():
         np.testing.assert_allclose(float(tangent), fd, rtol=1e-6)
         np.testing.assert_allclose(float(lin_tangent), float(tangent), rtol=1e-10)
         np.testing.assert_allclose(float(value), float(loss(params)), rtol=1e-12)
+
+
+def test_atlas_is_causal_and_keeps_documents_apart():
+    """configs/atlas.py at test size (the LMM written by the Omega rule over 16 tokens, Muon on
+    the momentum and polynomial keys: key width 152 at head_dim 16); its -mag size is the same
+    memory in MAG."""
+    model = run_probe("atlas")
+    cfg = model.blocks[0].mixer.memory.cfg
+    assert (cfg.omega_window, cfg.ns_steps, cfg.feature_map, cfg.key_width) == (16, 5, "poly", 152)
+    mag = load_config("atlas", "tiny-mag").model
+    assert mag.name == "mag" and mag.memory.omega_window == 16 and mag.memory.ns_steps == 5

@@ -32,7 +32,7 @@ SECTIONS = {
 # The configs the full reference is generated from: ``configs/<name>.py:tiny`` and the task
 # configs on the Transformer++ (``configs/tasks/<task>.py:transformer``).
 BACKBONE_FILES = ("transformer", "swa", "lmm", "mac", "mag", "mal", "ttt_linear", "ttt_mlp",
-                  "linear_attention", "deltanet", "gated_deltanet", "lact")
+                  "linear_attention", "deltanet", "gated_deltanet", "lact", "atlas")
 TASK_FILES = ("mqar", "niah", "mad")
 TASK_ARGS = {"mad": "in_context_recall-transformer"}  # the argument of each, default "transformer"
 COMMAND = "titans-lm config --explain --format=md > docs/config.md"
