@@ -10,6 +10,12 @@ momentum0). Prints a markdown table, then (``--json``) one JSON object per inner
 worst difference.
 
     python scripts/agreement.py engine [--T 100] [--chunk 16] [--d 8] [--impl chunked] [--json]
+        [--rule plain|omega|newton_schulz|atlas|lact]
+
+``--rule`` picks the write (``RULES``): the plain rule (default), Atlas' Omega rule (a window of 20
+tokens, more than a chunk, with random gates), Newton-Schulz momentum (5 steps), both (Atlas'
+write), or LaCT's (SwiGLU fast weights only: the dot bias, chunk-start reads, the weight
+normalisation).
 
 ``pallas``: ``impl="pallas"`` against ``impl="chunked"`` for the linear and the 2-layer MLP memory,
 chunk sizes 16 (T = 40) and 64 (T = 150, so both end in a partial chunk), and both kernels (the
@@ -36,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titans_lm.memory import LinearMemory, MLPMemory, memory_scan
+from titans_lm.memory import LinearMemory, MLPMemory, SwiGLUMemory, memory_scan
 
 QUANTITIES = ("reads", "params_T", "momentum_T", "d_k", "d_v", "d_q", "d_theta", "d_eta", "d_alpha",
               "d_params0", "d_momentum0", "d_reset_to")
@@ -111,20 +117,36 @@ def max_abs(a):
     return max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(a))
 
 
-def engine_rows(T=100, chunk=16, d=8, impl="chunked", seed=0):
+OMEGA = 20   # the window of the omega rules: longer than the default chunk
+RULES = {   # name -> memory_scan options (gamma added per problem where "omega_window" is set)
+    "plain": {},
+    "omega": dict(omega_window=OMEGA),
+    "newton_schulz": dict(ns_steps=5),
+    "atlas": dict(omega_window=OMEGA, ns_steps=5),
+    "lact": dict(attentional_bias="dot", read="chunk_start", fast_weight_norm=True),
+}
+
+
+def engine_rows(T=100, chunk=16, d=8, impl="chunked", seed=0, rule="plain"):
     """{model name: {quantity: (max |impl - reference|, max |reference|)}}, in float64."""
     models = {"linear": LinearMemory(), "mlp depth 2": MLPMemory(depth=2, expansion=2.0),
               "mlp depth 3": MLPMemory(depth=3, expansion=2.0)}
+    if rule == "lact":
+        models = {"swiglu": SwiGLUMemory(expansion=2.0)}
     rows = {}
     with jax.enable_x64(True):
         for name, model in models.items():
             args = engine_problem(model, T, d, seed)
+            options = dict(RULES[rule])
+            if "omega_window" in options:   # a window sums up to c gradients: theta / c keeps it stable
+                options["gamma"] = jnp.asarray(np.random.default_rng(seed + 2).uniform(0, 1, T))
+                args = args[:5] + (args[5] / OMEGA,) + args[6:]
             rng = np.random.default_rng(seed + 1)
             weights = (jnp.asarray(rng.normal(size=(T, d))),
                        tuple(jnp.asarray(rng.normal(size=p.shape)) for p in args[0]),
                        tuple(jnp.asarray(rng.normal(size=p.shape)) for p in args[0]))
-            ref = outputs_and_grads("reference", model, chunk, args, weights)
-            got = outputs_and_grads(impl, model, chunk, args, weights)
+            ref = outputs_and_grads("reference", model, chunk, args, weights, options=options)
+            got = outputs_and_grads(impl, model, chunk, args, weights, options=options)
             rows[name] = {qn: (max_abs_diff(ref[qn], got[qn]), max_abs(ref[qn]))
                           for qn in ENGINE_QUANTITIES}
     return rows
@@ -170,10 +192,11 @@ def engine_main(argv) -> int:
     p.add_argument("--d", type=int, default=8)
     p.add_argument("--impl", default="chunked")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rule", choices=sorted(RULES), default="plain", help="the write (RULES)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    rows = engine_rows(a.T, a.chunk, a.d, a.impl, a.seed)
-    print(f"{a.impl} vs reference, float64, T={a.T}, chunk={a.chunk}, d_k=d_v={a.d}: "
+    rows = engine_rows(a.T, a.chunk, a.d, a.impl, a.seed, a.rule)
+    print(f"{a.impl} vs reference, rule {a.rule}, float64, T={a.T}, chunk={a.chunk}, d_k=d_v={a.d}: "
           "max |difference| (max |reference value|)")
     print("| quantity | " + " | ".join(rows) + " |")
     print("|---|" + "---|" * len(rows))
@@ -182,7 +205,8 @@ def engine_main(argv) -> int:
                                         for m in rows) + " |")
     if a.json:
         for m, r in rows.items():
-            print(json.dumps({"model": m, "T": a.T, "chunk": a.chunk, "d": a.d, "impl": a.impl,
+            print(json.dumps({"model": m, "rule": a.rule, "T": a.T, "chunk": a.chunk, "d": a.d,
+                              "impl": a.impl,
                               **{qn: r[qn][0] for qn in ENGINE_QUANTITIES}}))
     worst = max(v[0] for r in rows.values() for v in r.values())
     print(f"worst max |difference|: {worst:.2e}")
