@@ -31,13 +31,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from titans_lm.config import load_module
+from titans_lm.config.backbones import memory_variant
 from titans_lm.config.presets import PAPER_SIZES
 
 BASE_SIZES = ("tiny",) + PAPER_SIZES
 SIZES = BASE_SIZES + tuple(f"{s}-mag" for s in BASE_SIZES)
-
-# Atlas' write as memory settings (the module docstring says where each comes from).
-ATLAS_MEMORY = dict(omega_window=16, ns_steps=5, feature_map="poly", feature_degree=2)
 TINY_HEAD_DIM = 16
 
 
@@ -53,8 +51,7 @@ def get_config(size: str = "tiny"):
     base, _, hybrid = size.partition("-")
     backbone = load_module(Path(__file__).with_name("mag.py" if hybrid else "lmm.py"))
     c = backbone.get_config(base)
-    for field, value in ATLAS_MEMORY.items():
-        c.model.memory[field] = value
+    memory_variant(c.model.memory, "atlas")   # MEMORY_VARIANTS["atlas"]: any memory backbone takes it
     if base == "tiny":
         c.model.memory.head_dim = TINY_HEAD_DIM
     return c

@@ -107,12 +107,15 @@ MEMORY_VARIANTS = {
     "moneta": dict(attentional_bias="lp", bias_p=3.0, use_momentum=False),
     "yaad": dict(attentional_bias="huber", huber_delta=1.0, use_momentum=False),
     "poly": dict(feature_map="poly", feature_degree=2),   # Atlas' polynomial keys and queries
+    # Atlas' write (arXiv:2505.23735): the Omega rule over 16 tokens (rkstgr/atlas-jax's window),
+    # Muon (5 Newton-Schulz steps) on the momentum, polynomial keys of degree 2 (configs/atlas.py)
+    "atlas": dict(omega_window=16, ns_steps=5, feature_map="poly", feature_degree=2),
 }
 
 
 def memory_variant(memory: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """``memory`` (a ``model.memory`` section) with the overrides of :data:`MEMORY_VARIANTS`
-    ``name`` ("moneta", "yaad", "poly") applied, in place; returns it.
+    ``name`` ("moneta", "yaad", "poly", "atlas") applied, in place; returns it.
 
     Raises:
       ValueError: for an unknown name (listing the known ones).
