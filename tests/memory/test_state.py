@@ -162,8 +162,8 @@ def test_a_persistent_pass_sets_the_state_documents_start_from(n_prefix):
     real tokens on a chunk grid of their own, every document restarting from the prefix's state:
     the engine run by hand (prefix from W0, then the tokens from its state)."""
     name = "titans_mlp"
-    layer = _make(name)
-    with jax.enable_x64(True):
+    with jax.enable_x64(True):   # _make is cached: whichever test builds it first, float64 holds
+        layer = _make(name)
         B = 2
         p = jax.random.normal(jax.random.key(7), (B, n_prefix, 12), jnp.float64)
         seg_p = np.full((B, n_prefix), PERSISTENT_SEGMENT_ID, np.int32)
@@ -203,8 +203,8 @@ def _by_hand(layer, p, x, seg_p, stream_state):
 
 def test_gradients_of_split_calls_equal_those_of_one_call():
     name = "titans_mlp"
-    layer = _make(name)
-    with jax.enable_x64(True):
+    with jax.enable_x64(True):   # _make is cached: built first here, its float64 must hold
+        layer = _make(name)
         x = x_input(6)
         graphdef, params = nnx.split(layer)
 
@@ -225,8 +225,8 @@ def test_gradients_of_split_calls_equal_those_of_one_call():
 
 
 def test_state_is_a_pytree_of_fixed_shapes():
-    layer = _make("titans_mlp")
     with jax.enable_x64(True):
+        layer = _make("titans_mlp")
         state = layer.init_state(3)
         assert isinstance(state, MemoryState)
         assert state.buf_k.shape == (3, 2, 3, 4) and state.n_buf.shape == ()
