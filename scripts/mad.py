@@ -65,18 +65,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--test_examples", type=int, default=128, help="reduced: test rows")
     p.add_argument("--out", default="runs/mad", help="folder of the runs and the table")
     args = p.parse_args(argv)
-    args.backbones = [b for b in args.backbones.split(",") if b]
+    args.backbones, args.seeds = sweep.backbones_and_seeds(p, args.backbones, args.seeds,
+                                                           REPO / "configs")
     args.tasks = [t for t in args.tasks.split(",") if t]
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
     bad = [t for t in args.tasks if t not in MAD_TASKS]
     if bad:
         p.error(f"--tasks: unknown {', '.join(bad)}; valid: {', '.join(MAD_TASKS)}")
-    for b in args.backbones:
-        if not (REPO / "configs" / f"{b}.py").is_file():
-            p.error(f"--backbones: no config file configs/{b}.py")
     if not args.seeds or not args.backbones or not args.tasks:
         p.error("--backbones, --tasks and --seeds need at least one entry each")
     if min(args.steps, args.batch_size, args.test_examples) < 1:

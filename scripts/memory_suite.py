@@ -44,8 +44,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from titans_lm.bench import suite  # noqa: E402  (no jax here: every run is its own process)
+from titans_lm.bench import suite, sweep  # noqa: E402  (no jax here: every run is its own process)
 from titans_lm.bench.output import write_json  # noqa: E402
+from titans_lm.eval.results import read_results  # noqa: E402  (no jax either)
 from titans_lm.progress import Progress  # noqa: E402
 
 
@@ -70,15 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/suite", help="folder of the units and the table")
     p.add_argument("--dry_run", action="store_true", help="print each unit's commands only")
     args = p.parse_args(argv)
-    args.backbones = [b for b in args.backbones.split(",") if b]
+    args.backbones, args.seeds = sweep.backbones_and_seeds(p, args.backbones, args.seeds,
+                                                           REPO / "configs")
     args.parts = [x for x in args.parts.split(",") if x]
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    except ValueError:
-        p.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    for b in args.backbones:
-        if not (REPO / "configs" / f"{b}.py").is_file():
-            p.error(f"--backbones: no config file configs/{b}.py")
     try:
         args.units = suite.units(args.parts, args.backbones, args.seeds)
     except ValueError as e:
@@ -117,7 +112,6 @@ def commands(unit: suite.Unit, args, folder: Path) -> list[list[str]]:
 
 def unit_record(unit: suite.Unit, args, folder: Path) -> dict:
     """The unit's record from its run folders (after its commands succeeded)."""
-    from titans_lm.eval.results import read_results
     rec: dict = {"part": unit.part, "backbone": unit.backbone, "seed": unit.seed, "status": "ok"}
     run = Path(args.out).resolve() / "books" / f"{unit.backbone}-s{unit.seed}" / unit.backbone
     if unit.part == "books":

@@ -201,30 +201,29 @@ def targets(agg: Mapping[str, Mapping[str, Mapping[str, float]]]) -> list[str]:
             out.append(f"- {label}: " + ("met by all " + ", ".join(f"{b} ({t})" for b, _, t in rows)
                                          if not missed else "missed by " + ", ".join(missed)))
 
-    def ratio(b):
-        r = mean(b, "carried_over_reset")
-        return (None, "") if r is None else (r <= 1.0, f"{r:.3f}")
-    check("carried <= reset on the book", [(b, *ratio(b)) for b in memory])
+    def rows(key, passes, backbones, fmt, unit=""):
+        """(backbone, passes(its mean) or None when it has none, the mean as text) per backbone."""
+        out_rows = []
+        for b in backbones:
+            x = mean(b, key)
+            out_rows.append((b, None if x is None else passes(x), format(x or 0, fmt) + unit))
+        return out_rows
+
+    check("carried <= reset on the book", rows("carried_over_reset", lambda r: r <= 1.0, memory,
+                                                ".3f"))
     base = mean("transformer", "reset_ppl")
     if base is not None:
         check(f"book ppl at or below Transformer++'s {base:.1f}",
-              [(b, None if mean(b, "reset_ppl") is None else mean(b, "reset_ppl") <= base,
-                f"{mean(b, 'reset_ppl') or 0:.1f}") for b in TITANS])
+              rows("reset_ppl", lambda x: x <= base, TITANS, ".1f"))
     for n in (4096, 16384):
         swa = mean("swa", f"niah_{n}")
         if swa is not None:
             check(f"S-NIAH {n // 1024}K carried above SWA's {swa:.1f}%",
-                  [(b, None if mean(b, f"niah_{n}") is None else mean(b, f"niah_{n}") > swa,
-                    f"{mean(b, f'niah_{n}') or 0:.1f}%") for b in memory])
-    check("S-NIAH 4K carried >= 90%",
-          [(b, None if mean(b, "niah_4096") is None else mean(b, "niah_4096") >= 90,
-            f"{mean(b, 'niah_4096') or 0:.1f}%") for b in ("lmm", "mac", "mag")])
-    check("MQAR 256/64 >= 50%",
-          [(b, None if mean(b, "mqar_256") is None else mean(b, "mqar_256") >= 50,
-            f"{mean(b, 'mqar_256') or 0:.1f}%") for b in memory])
-    check("memory ablation costs loss",
-          [(b, None if mean(b, "ablation_first") is None else mean(b, "ablation_first") > 0,
-            f"{mean(b, 'ablation_first') or 0:+.4f}") for b in memory])
+                  rows(f"niah_{n}", lambda x: x > swa, memory, ".1f", "%"))
+    check("S-NIAH 4K carried >= 90%", rows("niah_4096", lambda x: x >= 90, ("lmm", "mac", "mag"),
+                                           ".1f", "%"))
+    check("MQAR 256/64 >= 50%", rows("mqar_256", lambda x: x >= 50, memory, ".1f", "%"))
+    check("memory ablation costs loss", rows("ablation_first", lambda x: x > 0, memory, "+.4f"))
     return out
 
 

@@ -27,6 +27,22 @@ P = TypeVar("P")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the directory that holds ``titans_lm``
 
 
+def backbones_and_seeds(parser, backbones: str, seeds: str, config_dir: str | Path
+                        ) -> tuple[list[str], list[int]]:
+    """The comma-separated ``--backbones`` and ``--seeds`` of a sweep script, parsed: each
+    backbone must have ``<config_dir>/<name>.py``; ``parser.error`` (exit 2, one message) names
+    a missing config or a seed that is not an integer."""
+    names = [b for b in backbones.split(",") if b]
+    try:
+        ints = [int(s) for s in seeds.split(",") if s]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {seeds!r}")
+    for b in names:
+        if not (Path(config_dir) / f"{b}.py").is_file():
+            parser.error(f"--backbones: no config file configs/{b}.py")
+    return names, ints
+
+
 def train_command(config: str, workdir: str | Path, overrides: Mapping[str, object],
                   flags: Sequence[str] = ()) -> list[str]:
     """``python -m titans_lm.cli train --config=CONFIG --workdir=W [flags] --config.K=V ...``."""

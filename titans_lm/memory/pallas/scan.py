@@ -252,17 +252,15 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             fast_weight_norm=fast_weight_norm,
                             omega_window=omega_window, gamma=gamma, omega_tail=omega_tail)
 
-    if decay_target != "zero":
-        log_fallback(f"decay_target={decay_target!r} (the kernel decays toward zero)")
-        return whole_call_chunked()
-    if ns_steps:
-        log_fallback(f"ns_steps={ns_steps} (the kernel has no Newton-Schulz steps)")
-        return whole_call_chunked()
-    if fast_weight_norm:
-        log_fallback("fast_weight_norm=True (the kernel does not normalise the fast weights)")
-        return whole_call_chunked()
-    if omega_window > 1:
-        log_fallback(f"omega_window={omega_window} (the kernel writes one gradient per token)")
+    # rules the kernel does not implement: the first that applies is logged, chunked runs
+    unsupported = (
+        (decay_target != "zero", f"decay_target={decay_target!r} (the kernel decays toward zero)"),
+        (ns_steps, f"ns_steps={ns_steps} (the kernel has no Newton-Schulz steps)"),
+        (fast_weight_norm, "fast_weight_norm=True (the kernel does not normalise the fast weights)"),
+        (omega_window > 1, f"omega_window={omega_window} (the kernel writes one gradient per token)"))
+    reason = next((why for applies, why in unsupported if applies), None)
+    if reason is not None:
+        log_fallback(reason)
         return whole_call_chunked()
     if state_length is not None:
         return whole_call_chunked()
