@@ -16,9 +16,14 @@ Units (one per part x backbone x seed, each in its own processes, its log and re
 - ``ablation`` (memory backbones; after their books unit): ``titans-lm eval --ablate_at``: every
   memory reset at ``--ablate_at`` in the first ``--ablate_tokens`` tokens of the book, carried; the
   loss increase over the next window and over every later token (``titans_lm.eval.ablation``);
-- ``niah`` / ``mqar``: ``scripts/long_context.py`` (its shapes: d_model 64, 2 layers; trained at
-  256 tokens for ``--task_steps`` steps): S-NIAH exact match carried at 1K / 4K / 16K (mean over
-  needle depths); MQAR accuracy at 256 / 64 pairs, 512 / 128 and 1024 / 256, reset and carried.
+- ``niah`` / ``mqar``: ``scripts/long_context.py`` (its shapes: d_model 64, 2 layers), every
+  attention limited to ``--reach`` tokens (the sliding window of swa, mag and mal, MAC's segment;
+  Transformer++ keeps full attention), so what lies further back reaches the query only through
+  a memory. S-NIAH: ``--niah_steps`` x 16 rows of ``--niah_seq_len`` tokens at lr ``--niah_lr``
+  (the budget at which the raised-bound LMM and MAG learnt the task, docs/results/s-niah.md),
+  exact match carried at 1K / 4K / 16K (mean over needle depths). MQAR: ``--mqar_steps`` x 16
+  rows of 256 tokens at the task config's lr, accuracy at 256 / 64 pairs, 512 / 128 and
+  1024 / 256, reset and carried.
 
 A unit with a ``result.json`` is not run again; an unfinished one resumes from its checkpoints
 (both scripts resume), so a killed suite continues where it stopped, and each part can be run on
@@ -59,7 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma-separated, of {', '.join(suite.PARTS)}")
     p.add_argument("--book_steps", type=int, default=300, help="books: optimiser steps (x 8 x 256)")
     p.add_argument("--book_lr", type=float, default=2e-3, help="books: peak learning rate")
-    p.add_argument("--task_steps", type=int, default=300, help="S-NIAH, MQAR: optimiser steps")
+    p.add_argument("--reach", type=int, default=32,
+                   help="S-NIAH, MQAR: attention window of swa/mag/mal and MAC's segment length")
+    p.add_argument("--niah_steps", type=int, default=3000, help="S-NIAH: optimiser steps (x 16 rows)")
+    p.add_argument("--niah_seq_len", type=int, default=128, help="S-NIAH: training row length")
+    p.add_argument("--niah_lr", type=float, default=3e-3, help="S-NIAH: peak learning rate")
+    p.add_argument("--mqar_steps", type=int, default=300, help="MQAR: optimiser steps (x 16 rows)")
     p.add_argument("--ablate_at", type=int, default=8192, help="ablation: the reset position")
     p.add_argument("--ablate_tokens", type=int, default=65536, help="ablation: tokens scored")
     p.add_argument("--eval_max_docs", type=int, default=0,
@@ -78,8 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.units = suite.units(args.parts, args.backbones, args.seeds)
     except ValueError as e:
         p.error(str(e))
-    if min(args.book_steps, args.task_steps, args.ablate_at, args.ablate_tokens) < 1:
-        p.error("--book_steps, --task_steps, --ablate_at and --ablate_tokens must be positive")
+    sizes = ("book_steps", "niah_steps", "niah_seq_len", "mqar_steps", "reach", "ablate_at",
+             "ablate_tokens")
+    if min(getattr(args, k) for k in sizes) < 1:
+        p.error(", ".join(f"--{k}" for k in sizes) + " must be positive")
     return args
 
 
@@ -101,13 +113,16 @@ def commands(unit: suite.Unit, args, folder: Path) -> list[list[str]]:
                  f"--ablate_at={args.ablate_at}", f"--max_tokens={args.ablate_tokens}",
                  "--noby_position", *docs]]
     task = [py, str(REPO / "scripts" / "long_context.py"), f"--tasks={unit.part}",
-            f"--backbones={b}", f"--seed={s}", f"--steps={args.task_steps}", f"--out={folder}", *sets]
+            f"--backbones={b}", f"--seed={s}", f"--window={args.reach}",
+            f"--segment_len={args.reach}", f"--out={folder}", *sets]
     if args.task_eval_examples:
         task.append(f"--eval_examples={args.task_eval_examples}")
     if unit.part == "niah":
         lengths = ",".join(str(n) for n in suite.NIAH_LENGTHS)
-        return [task + ["--context=carry", f"--set=task.eval_lengths=({lengths})"]]
-    return [task + ["--context=reset,carry"]]
+        return [task + [f"--steps={args.niah_steps}", f"--lr={args.niah_lr}",
+                        f"--set=data.seq_len={args.niah_seq_len}", "--context=carry",
+                        f"--set=task.eval_lengths=({lengths})"]]
+    return [task + [f"--steps={args.mqar_steps}", "--context=reset,carry"]]
 
 
 def unit_record(unit: suite.Unit, args, folder: Path) -> dict:

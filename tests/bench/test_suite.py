@@ -93,5 +93,11 @@ def test_script_commands_run_the_books_then_carry_and_pass_overrides(tmp_path):
                           "--nowikitext"]
     (cmd,) = script.commands(niah, args, tmp_path / niah.folder)
     assert "--context=carry" in cmd and "--set=task.eval_lengths=(1024,4096,16384)" in cmd
+    assert {"--steps=3000", "--set=data.seq_len=128", "--window=32", "--segment_len=32",
+            "--set=model.memory.theta_max=0.1"} <= set(cmd)
+    mqar_args = script.parse_args(["--parts=mqar", "--backbones=mac", "--reach=64",
+                                   "--mqar_steps=7", f"--out={tmp_path}"])
+    (cmd,) = script.commands(mqar_args.units[0], mqar_args, tmp_path)
+    assert {"--steps=7", "--window=64", "--segment_len=64"} <= set(cmd)
     with pytest.raises(SystemExit):
         script.parse_args(["--parts=books,wiki"])

@@ -26,7 +26,7 @@ PARTS = ("books", "ablation", "niah", "mqar")
 BACKBONES = ("transformer", "swa", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal")
 NO_MEMORY = ("transformer", "swa")           # no neural memory: no ablation, the controls
 TITANS = ("lmm", "mac", "mag", "mal")
-NIAH_LENGTHS = (1024, 4096, 16384)           # S-NIAH carried, trained at 256
+NIAH_LENGTHS = (1024, 4096, 16384)           # S-NIAH carried, trained at 128
 MQAR_SETTINGS = ((256, 64), (512, 128), (1024, 256))   # (length, pairs): the training length, 2x, 4x
 
 
