@@ -21,8 +21,10 @@ Units (one per part x backbone x seed, each in its own processes, its log and re
   Transformer++ keeps full attention), so what lies further back reaches the query only through
   a memory. S-NIAH: ``--niah_steps`` x 16 rows of ``--niah_seq_len`` tokens at lr ``--niah_lr``
   (the budget at which the raised-bound LMM and MAG learnt the task, docs/results/s-niah.md),
-  exact match carried at 1K / 4K / 16K (mean over needle depths). MQAR: ``--mqar_steps`` x 16
-  rows of 256 tokens at the task config's lr, accuracy at 256 / 64 pairs, 512 / 128 and
+  exact match carried at 1K / 4K / 16K (mean over needle depths). MQAR at a vocabulary of 640
+  (docs/results/mqar.md#short-rows-first, where the LMM learnt it): ``--mqar_short_steps`` x 32
+  rows of 64 tokens with 4-16 pairs (lr 3e-3), then ``--mqar_steps`` x 32 rows of 256 tokens
+  with 4-64 pairs (lr 1e-3) warm-started from them; accuracy at 256 / 64 pairs, 512 / 128 and
   1024 / 256, reset and carried.
 
 A unit with a ``result.json`` is not run again; an unfinished one resumes from its checkpoints
@@ -69,7 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--niah_steps", type=int, default=3000, help="S-NIAH: optimiser steps (x 16 rows)")
     p.add_argument("--niah_seq_len", type=int, default=128, help="S-NIAH: training row length")
     p.add_argument("--niah_lr", type=float, default=3e-3, help="S-NIAH: peak learning rate")
-    p.add_argument("--mqar_steps", type=int, default=300, help="MQAR: optimiser steps (x 16 rows)")
+    p.add_argument("--mqar_short_steps", type=int, default=1500,
+                   help="MQAR: steps (x 32 rows) on 64-token rows with 4-16 pairs first (0: none)")
+    p.add_argument("--mqar_steps", type=int, default=1500,
+                   help="MQAR: steps (x 32 rows) on the 256-token rows with 4-64 pairs")
     p.add_argument("--ablate_at", type=int, default=8192, help="ablation: the reset position")
     p.add_argument("--ablate_tokens", type=int, default=65536, help="ablation: tokens scored")
     p.add_argument("--eval_max_docs", type=int, default=0,
@@ -92,6 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
              "ablate_tokens")
     if min(getattr(args, k) for k in sizes) < 1:
         p.error(", ".join(f"--{k}" for k in sizes) + " must be positive")
+    if args.mqar_short_steps < 0:
+        p.error("--mqar_short_steps must be >= 0 (0: no short rows first)")
     return args
 
 
@@ -112,17 +119,31 @@ def commands(unit: suite.Unit, args, folder: Path) -> list[list[str]]:
         return [[py, "-m", "titans_lm.cli", "eval", f"--workdir={run}",
                  f"--ablate_at={args.ablate_at}", f"--max_tokens={args.ablate_tokens}",
                  "--noby_position", *docs]]
-    task = [py, str(REPO / "scripts" / "long_context.py"), f"--tasks={unit.part}",
-            f"--backbones={b}", f"--seed={s}", f"--window={args.reach}",
-            f"--segment_len={args.reach}", f"--out={folder}", *sets]
-    if args.task_eval_examples:
-        task.append(f"--eval_examples={args.task_eval_examples}")
+    def task(out: Path) -> list[str]:
+        cmd = [py, str(REPO / "scripts" / "long_context.py"), f"--tasks={unit.part}",
+               f"--backbones={b}", f"--seed={s}", f"--window={args.reach}",
+               f"--segment_len={args.reach}", f"--out={out}", *sets]
+        return cmd + ([f"--eval_examples={args.task_eval_examples}"]
+                      if args.task_eval_examples else [])
+
     if unit.part == "niah":
         lengths = ",".join(str(n) for n in suite.NIAH_LENGTHS)
-        return [task + [f"--steps={args.niah_steps}", f"--lr={args.niah_lr}",
-                        f"--set=data.seq_len={args.niah_seq_len}", "--context=carry",
-                        f"--set=task.eval_lengths=({lengths})"]]
-    return [task + [f"--steps={args.mqar_steps}", "--context=reset,carry"]]
+        return [task(folder) + [f"--steps={args.niah_steps}", f"--lr={args.niah_lr}",
+                                f"--set=data.seq_len={args.niah_seq_len}", "--context=carry",
+                                f"--set=task.eval_lengths=({lengths})"]]
+    # MQAR (docs/results/mqar.md#short-rows-first): 64-token rows with 4-16 pairs first, then the
+    # 256-token rows with 4-64 pairs warm-started from them (new optimiser, step 0)
+    mqar = ["--batch_size=32", f"--vocab_size={suite.MQAR_VOCAB}"]
+    full = task(folder) + mqar + [f"--steps={args.mqar_steps}", "--context=reset,carry",
+                                  "--set=task.train_pairs=(4,8,16,32,64)"]
+    if not args.mqar_short_steps:
+        return [full + ["--lr=3e-3"]]
+    short = folder / "short_rows"
+    return [task(short) + mqar + [f"--steps={args.mqar_short_steps}", "--lr=3e-3",
+                                  "--set=data.seq_len=64", "--set=task.train_pairs=(4,8,16)",
+                                  "--set=task.eval_lengths=(64,)", "--set=task.eval_pairs=(16,)",
+                                  "--context=reset"],
+            full + ["--lr=1e-3", f"--set=train.init_from={short / f'mqar-{b}'}"]]
 
 
 def unit_record(unit: suite.Unit, args, folder: Path) -> dict:

@@ -97,7 +97,10 @@ def test_script_commands_run_the_books_then_carry_and_pass_overrides(tmp_path):
             "--set=model.memory.theta_max=0.1"} <= set(cmd)
     mqar_args = script.parse_args(["--parts=mqar", "--backbones=mac", "--reach=64",
                                    "--mqar_steps=7", f"--out={tmp_path}"])
-    (cmd,) = script.commands(mqar_args.units[0], mqar_args, tmp_path)
-    assert {"--steps=7", "--window=64", "--segment_len=64"} <= set(cmd)
+    short, full = script.commands(mqar_args.units[0], mqar_args, tmp_path)
+    assert {"--set=data.seq_len=64", "--window=64", "--segment_len=64"} <= set(short)
+    assert {"--steps=7", "--window=64", "--vocab_size=640"} <= set(full)
+    assert f"--set=train.init_from={tmp_path / 'short_rows' / 'mqar-mac'}" in full
+    assert "--out=" + str(tmp_path / "short_rows") in short
     with pytest.raises(SystemExit):
         script.parse_args(["--parts=books,wiki"])

@@ -28,6 +28,7 @@ NO_MEMORY = ("transformer", "swa")           # no neural memory: no ablation, th
 TITANS = ("lmm", "mac", "mag", "mal")
 NIAH_LENGTHS = (1024, 4096, 16384)           # S-NIAH carried, trained at 128
 MQAR_SETTINGS = ((256, 64), (512, 128), (1024, 256))   # (length, pairs): the training length, 2x, 4x
+MQAR_VOCAB = 640                             # keys and values: where the LMM learnt MQAR here
 
 
 @dataclasses.dataclass(frozen=True)
