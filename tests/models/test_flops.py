@@ -47,6 +47,28 @@ def test_executed_count_equals_traced_matmuls(name, T, memory):
     assert 0 < count.model_total <= count.executed_total
 
 
+RULES = {"omega3": {"omega_window": 3}, "omega6": {"omega_window": 6}, "ns2": {"ns_steps": 2},
+         "omega3_ns2": {"omega_window": 3, "ns_steps": 2}}
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("rule", RULES.values(), ids=RULES.keys())
+def test_omega_and_newton_schulz_counts_equal_traced_matmuls(rule, depth):
+    """Atlas' Omega rule (window 3, and 6 > the chunk of 4: it reaches two chunks back) and
+    Newton-Schulz momentum, alone and together, through the LMM (T not a multiple of the chunk):
+    the executed count is the traced matmuls exactly, and the model count grows by the rule."""
+    shape = dict(chunk_size=4, head_dim=8, memory_depth=depth)
+    m = small_config("lmm", **shape, **rule)
+    T = 62
+    model = build_model(m, rngs=nnx.Rngs(0))
+    tokens = jnp.ones((1, T), jnp.int32)
+    traced = traced_forward_flops(lambda t: model(t, jnp.ones_like(t)), tokens)
+    count = count_flops(m, T)
+    assert count.executed_total == traced
+    plain = count_flops(small_config("lmm", **shape), T)
+    assert plain.model_total < count.model_total <= count.executed_total
+
+
 @pytest.mark.parametrize("name,T", [("lmm", 64), ("mag", 80), ("mal", 64), ("mac", 100)])
 def test_count_close_with_persistent_tokens_and_mac(name, T):
     """Persistent tokens run through the memory as a call of their own (``LanguageModel
@@ -89,6 +111,30 @@ def test_chunk_count_equals_traced_engine(b, read):
 
     closed = jax.make_jaxpr(f)(x)
     assert jaxpr_matmul_flops(closed) == memory_chunk_flops(cfg, log_keep=False, traced_resets=False)
+
+
+@pytest.mark.parametrize("b,width,read,omega,ns", [
+    (8, 32, "after_write", 3, 0), (8, 32, "chunk_start", 6, 0), (16, 4, "after_write", 3, 2),
+    (16, 4, "chunk_start", 20, 2), (8, 8, "after_write", 1, 3)])
+def test_rule_chunk_count_equals_traced_engine(b, width, read, omega, ns):
+    """One head, one chunk of the engine alone under the Omega rule and Newton-Schulz momentum
+    (gates from alpha, no traced document starts; width 4 at chunk 16: the momentum's einsum
+    takes u d first), dead code removed, against the memory_chunk_flops formula."""
+    model = MLPMemory(depth=2, expansion=2.0)
+    cfg = MemoryConfig(d_model=width, n_heads=1, head_dim=width, memory_expansion=2.0,
+                       chunk_size=b, read=read, omega_window=omega, ns_steps=ns)
+    P0 = model.init(jax.random.key(0), width, width)
+    S0 = tuple(jnp.zeros_like(p) for p in P0)
+    x = jnp.ones((b, width))
+    g = jnp.full((b,), 0.5)
+    window = {"omega_window": omega, "gamma": g} if omega > 1 else {}
+
+    def f(x):
+        return memory_scan(P0, S0, x, x, x, g, g, g * 0.01, model=model, chunk_size=b,
+                           impl="chunked", read=read, ns_steps=ns, **window)
+
+    assert traced_forward_flops(f, x) == memory_chunk_flops(cfg, log_keep=False,
+                                                            traced_resets=False)
 
 
 def test_unknown_backbone():

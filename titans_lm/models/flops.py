@@ -25,10 +25,11 @@ Two counts per sequence of T tokens (:class:`FlopCount`):
 
 Per component (``FlopCount.parts``): ``attention_proj`` (W_Q, W_K, W_V, W_O), ``attention_core``
 (q k^T and p v), ``mlp`` (SwiGLU: 3 matrices, 6 D d_ff per token), ``memory_proj`` (the memory's
-W_Q, W_K, W_V, gate rows theta/eta/alpha [D, H] (none for a constant theta), output gate W_g and
-W_O), ``memory_dual`` (the inner loop, below: the dual form, or the delta rule's WY form),
-``memory_read`` (MAC's retrievals f(q; P) without a write), ``combine`` (the
-MAG/MAC gate's W_O [D, D]) and ``head`` (2 D V per scored token).
+W_Q, W_K, W_V, gate rows theta/eta/alpha/gamma [D, H] (none for a constant theta), output gate
+W_g and W_O), ``memory_dual`` (the inner loop, below: the dual form, the materialised
+Newton-Schulz states, or the delta rule's WY form), ``memory_read`` (MAC's retrievals f(q; P)
+without a write), ``combine`` (the MAG/MAC gate's W_O [D, D]) and ``head`` (2 D V per scored
+token).
 
 The dual form per head and chunk of b tokens (``titans_lm.memory.chunked``), for each weight
 matrix W [d_in, d_out] of the inner model (a depth-2 MLP of width d and hidden h has
@@ -55,6 +56,30 @@ So per token and head the dual form costs about 10 sum(d_in d_out) + 2 b (sum d_
 (linear attention) the gradient -2 v ignores the memory's output, so the last matrix's forward
 product is dead code and not counted. The widths are the memory's: d_in the key width, d_out the
 value width (head_dim + 1 with linear attention's normaliser column).
+
+The Omega rule (``omega_window`` c > 1, ``titans_lm.memory.omega``) takes the gradient factors
+over the chunk's extended set of w = b + c - 1 tokens [c - 1 before it || its b], so the terms
+that run over the written tokens widen from b to w: the factors (2 w d_in d_out per product), the
+read's r @ u^T and (C * r u^T) @ d (2 b w (d_in + d_out)), the chunk end (4 w d_in d_out), per
+vector C @ signals (2 b w d) and the end rows (4 w d); the coefficient rows become C @ Wmask
+(the read's C: 2 b^2 w, after-write reads only; the end rows of C and M: 4 b w), and the gate
+gamma is one more [D, H] row of the projections. The banded mask, the gamma weighting and the
+tail carried across chunks (k, v, gamma of the c - 1 tokens before it; zeros for a fresh stream,
+counted like real ones) are elementwise or gathers: no matmul.
+
+Newton-Schulz momentum (``ns_steps`` k > 0, ``titans_lm.memory.newton_schulz``) materialises
+every token's state instead of the dual form; per weight matrix, with the same factors (w rows;
+w = b without the Omega rule): S_t = E0_t S0 - sum_s M[t, s] u_s^T d_s, one three-operand
+einsum, 2 b w d_in d_out after the cheapest product without a contraction (opt_einsum's path:
+2 w min(b d_in, b d_out, d_in d_out)); NS_k of each of the b matrices, on X [p, r] with p =
+min(d_in, d_out), r = max, k times X X^T, A @ A and (b A + c A^2) @ X (4 p^2 r + 2 p^3 a step);
+P_t = B_t P0 + sum_s C[t, s] NS_k(S_s) (2 b^2 d_in d_out); the read through each token's P_t
+(through P0 for chunk-start reads: 2 b d_in d_out either way); no chunk-end product (the state
+is the last token's). Per vector: M @ d (2 b w d) and C @ S (2 b^2 d). The coefficients: the
+momentum's E and the parameters' D, E and C of two ``chunk_coefficients`` calls, 8 b^2 + 4 b^3
+from log(1 - alpha), plus R as above (the calls' other products are dead code, removed). With
+the Omega rule only the momentum's rows widen, M @ Wmask (2 b^2 w). So per token and head about
+k (4 p^2 r + 2 p^3) + 2 (b + w) d_in d_out per matrix: the NS steps dominate.
 
 The delta rule (``gradient_at="previous_token"``: DeltaNet, Gated DeltaNet) runs the WY form
 instead (``titans_lm.memory.delta``, :func:`delta_chunk_flops`); per head and chunk of b tokens,
@@ -144,34 +169,85 @@ def _inner_shapes(mcfg: MemoryConfig):
             [s[0] for i, s in enumerate(shapes) if len(s) == 1 and i not in outer])
 
 
+def _coefficient_flops(b: int, *, log_keep: bool, reset_row: bool, newton_schulz: bool) -> float:
+    """The gate coefficients of one chunk (``titans_lm.memory.coefficients``; module docstring).
+
+    The dual form: D (from log(1 - alpha): 2 b^3; from alpha: 4 b^2), E (4 b^2), A = D @ E0
+    (2 b^2), C = D @ E (2 b^3), and R = D (keep * reset) (2 b^2) where ``reset_row``. Newton-Schulz
+    momentum (``ns_chunk_coefficients``) keeps the momentum's E of one call and D, E, C (and R) of
+    the other: no A, one E more."""
+    D = 2 * b ** 3 if log_keep else 4 * b * b
+    f = D + 4 * b * b + 2 * b ** 3 + (2 * b * b if reset_row else 0)
+    return f + (4 * b * b if newton_schulz else 2 * b * b)
+
+
+def _outer_sum_flops(b: int, w: int, di: int, do: int) -> float:
+    """S_t = sum_s M[t, s] u_s^T d_s for b rows t and w tokens s (``jnp.einsum("ts,si,sj->tij")``):
+    the contraction over s (2 b w d_in d_out) after the cheapest of the three pairwise products
+    without a contraction (M u, M d or u d: opt_einsum's path),
+    2 w min(b d_in, b d_out, d_in d_out)."""
+    return 2 * b * w * di * do + 2 * w * min(b * di, b * do, di * do)
+
+
+def newton_schulz_flops(m: int, n: int, steps: int) -> float:
+    """NS_k of one [m, n] matrix (``titans_lm.memory.newton_schulz.newton_schulz``), on X [p, r]
+    with p = min(m, n), r = max(m, n): per step A = X X^T (2 p^2 r), A @ A (2 p^3) and
+    (b A + c A^2) @ X (2 p^2 r)."""
+    p, r = min(m, n), max(m, n)
+    return steps * (4 * p * p * r + 2 * p ** 3)
+
+
 def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | None = None,
                        log_keep: bool = True, traced_resets: bool = True) -> float:
-    """Matmul FLOPs of one head's chunk of b tokens in the dual form (module docstring).
+    """Matmul FLOPs of one head's chunk of b tokens (module docstring): the dual form, or with
+    ``ns_steps`` k > 0 the materialised Newton-Schulz states; ``omega_window`` c > 1 widens the
+    writes to the chunk's b + c - 1 extended tokens.
 
     ``log_keep``: the forget gate reaches the engine as log(1 - alpha), as the NeuralMemory layer
-    passes it (its segment products cost 6 b^2 + 4 b^3 against 10 b^2 + 2 b^3 from alpha).
+    passes it (the dual form's coefficients cost 6 b^2 + 4 b^3 against 10 b^2 + 2 b^3 from alpha).
     ``traced_resets``: the document starts are traced (the layer's), so the coefficients include
     the reset-target row R (2 b^2). Decaying toward the initial state (``decay_target``), R is
-    1 - B (no matmul) and every after-write read adds R_i (r R0) through each matrix."""
+    1 - B (no matmul) and every after-write read of the dual form adds R_i (r R0) through each
+    matrix. Products whose results go unused are not counted (XLA removes them; compare with
+    :func:`traced_forward_flops`, which removes them too).
+
+    Returns:
+      FLOPs (float), the same in the model and the executed count.
+    """
     b = b or mcfg.chunk_size
     read = read or mcfg.read
     mats, vecs = _inner_shapes(mcfg)
     to_target = mcfg.decay_target == "initial"
+    ns, c = mcfg.ns_steps, mcfg.omega_window
+    w = b + c - 1                                         # the extended token set (Omega rule)
     f = 0.0
     for i, (di, do) in enumerate(mats):
-        f += 2 * b * di * do * (1 if i == 0 else 2)      # factors: forward, backward of the input
+        f += 2 * w * di * do * (1 if i == 0 else 2)      # factors: forward, backward of the input
         if mcfg.attentional_bias == "dot" and i == len(mats) - 1:
-            f -= 2 * b * di * do                          # dl/dy = -2 v: the output y is dead
+            f -= 2 * w * di * do                          # dl/dy = -2 v: the output y is dead
+        if ns:
+            f += _outer_sum_flops(b, w, di, do)           # S_t = E0_t S0 - sum_s M[t, s] G_s
+            f += b * newton_schulz_flops(di, do, ns)      # NS_k(S_t) for every token
+            f += 2 * b * b * di * do                      # P_t = ... + sum_s C[t, s] NS_k(S_s)
+            f += 2 * b * di * do                          # the read through P_t (or P0)
+            continue
         if read == "after_write":
-            f += (6 if to_target else 4) * b * di * do + 2 * b * b * (di + do)
+            f += (6 if to_target else 4) * b * di * do + 2 * b * w * (di + do)
         else:
             f += 2 * b * di * do
-        f += 4 * b * di * do                              # chunk-end P and S
+        f += 4 * w * di * do                              # chunk-end P and S
     for d in vecs:
-        f += (2 * b * b * d if read == "after_write" else 0) + 4 * b * d
-    f += (6 * b * b + 4 * b ** 3) if log_keep else (8 * b * b + 2 * b * b + 2 * b ** 3)  # coefficients
-    if traced_resets and not to_target:
-        f += 2 * b * b                                    # R = D (keep * reset)
+        if ns:
+            f += 2 * b * w * d + 2 * b * b * d            # S_t = ... - M @ d, P_t = ... + C @ S
+        else:
+            f += (2 * b * w * d if read == "after_write" else 0) + 4 * w * d
+    f += _coefficient_flops(b, log_keep=log_keep, newton_schulz=bool(ns),
+                            reset_row=traced_resets and not to_target)
+    if c > 1:                                             # rows C @ Wmask over the extended set
+        if ns:
+            f += 2 * b * b * w                            # M (the momentum's rows)
+        else:
+            f += (2 * b * b * w if read == "after_write" else 0) + 4 * b * w   # C; end rows C, M
     return f
 
 
@@ -219,7 +295,8 @@ def _memory_project(acc: _Acc, mcfg: MemoryConfig, n: int, *, only_q: bool = Fal
     if only_q:
         acc.add("memory_proj", 2 * n * D * HK)
         return
-    n_gates = int(mcfg.gate_style != "constant") + int(mcfg.use_momentum) + int(mcfg.use_decay)
+    n_gates = (int(mcfg.gate_style != "constant") + int(mcfg.use_momentum) + int(mcfg.use_decay)
+               + int(mcfg.omega_window > 1))                 # theta, eta, alpha, gamma rows
     acc.add("memory_proj", n * (3 * 2 * D * HK + n_gates * 2 * D * mcfg.n_heads))
 
 
