@@ -22,8 +22,9 @@ Sizes. Tiny: head_dim 16 (16 memory heads at d_model 256), so the polynomial key
 and each token's Newton-Schulz steps act on [152, 32] and [32, 16] matrices; paper sizes: the
 Titans head_dim 64 (key width 2,144). Cost: the Muon write materialises every token's state
 (the tiny LMM's train step took 33x as long with it at head_dim 64 on one CPU core;
-docs/design.md#newton-schulz-momentum). theta_max stays the Titans presets' 0.0005 (not tuned
-for the Muon write, whose step is theta times unit singular values).
+docs/design.md#newton-schulz-momentum). theta_max is 0.0005 without the surprise clip (the
+Titans presets' former bound; not tuned for the Muon write, whose step is theta times unit
+singular values).
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@ The neural long-term memory as the only token mixer (``titans_lm.models.lmm``), 
 tokens prepended to the sequence.
 
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
-``titans_lm.config.backbones.titans_config``.
+``titans_lm.config.backbones.titans_config``; the LMM writes with the raised bound under the
+surprise guard (``RAISED_WRITE``: theta_max 0.1, surprise_max_norm 1; the hybrids keep 0.0005).
 """
 
 from __future__ import annotations
 
 from titans_lm.config.presets import PAPER_SIZES
-from titans_lm.config.backbones import titans_config
+from titans_lm.config.backbones import RAISED_WRITE, titans_config
 
 #            d_model, n_layers, d_ff
 _PAPER = {
@@ -28,4 +29,5 @@ def get_config(size: str = "tiny"):
     Raises:
       ValueError: for an unknown size (the message lists the valid ones).
     """
-    return titans_config("lmm", size, _PAPER, shape_fields=("d_model", "n_layers", "d_ff"))
+    return titans_config("lmm", size, _PAPER, shape_fields=("d_model", "n_layers", "d_ff"),
+                         memory=RAISED_WRITE)

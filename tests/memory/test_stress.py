@@ -5,8 +5,8 @@ tokens of adversarial input (docs/design.md#stable-range), in float32 as trained
   random) with random unit values (the memory cannot fit them, so the surprise never ends);
 - gates at their bounds: theta = its maximum, eta = eta_max (with momentum), alpha = the gate's
   initial value (with decay; training moves it);
-- the presets are those of ``configs/*.py`` (deduplicated: LMM, MAC, MAG and MAL share one),
-  the Titans one at memory depth 1 to 4;
+- the presets are those of ``configs/*.py`` (deduplicated: MAC, MAG and MAL share one, the LMM's
+  raises the write bound under the surprise guard), both at memory depth 1 to 4;
 - LaCT's (SwiGLU fast weights, the dot bias, chunks of 512) keeps its weight matrices at W0's
   column norms (``fast_weight_norm``), so its band holds by construction;
 - Atlas' (the Omega window with every gamma at 1, Muon on the momentum, polynomial keys: the
@@ -14,8 +14,10 @@ tokens of adversarial input (docs/design.md#stable-range), in float32 as trained
   state and runs 5 Newton-Schulz steps on it (about 5 MFLOP a token here), and each write is
   theta times a matrix of unit singular values whatever the input, so the decay toward W0
   bounds it after ~1 / alpha tokens as it does the LMM's;
-- the band: a memory with a learned W0 keeps ||P_t|| within [1/2, 2] x ||P_init|| (the Titans
-  presets decay toward P_init: ``decay_target``); one that starts at zero reads at most 2
+- the band: a memory with a learned W0 keeps ||P_t|| within [1/2, 2] x ||P_init||, or within
+  [1/2, 6] x ||P_init|| under the surprise guard with a raised bound (the LMM's: theta up to
+  0.1, each write at most 1 in norm; measured up to 4.6, depth 4, the same token); the Titans
+  presets decay toward P_init (``decay_target``); one that starts at zero reads at most 2
   (unit values; the delta rule fits them); linear attention's normalised read is a convex
   combination of the values, so at most 1.
 """
@@ -54,7 +56,7 @@ def presets() -> dict:
     return out
 
 
-CASES = [("lmm", depth) for depth in (1, 2, 3, 4)] + [
+CASES = [(name, depth) for name in ("lmm", "mac") for depth in (1, 2, 3, 4)] + [
     (name, None) for name in ("ttt_linear", "ttt_mlp", "linear_attention", "deltanet",
                               "gated_deltanet", "lact", "atlas")]
 
@@ -104,7 +106,8 @@ def test_a_preset_stays_in_its_band_over_64k_adversarial_tokens(name, depth):
                                     gradient_at=m.gradient_at, decay_target=m.decay_target,
                                     attentional_bias=bias, read=m.read,
                                     fast_weight_norm=m.fast_weight_norm, ns_steps=m.ns_steps,
-                                    ns_gradient=m.ns_gradient, **omega)
+                                    ns_gradient=m.ns_gradient,
+                                    surprise_max_norm=m.surprise_max_norm, **omega)
         assert bool(jnp.all(jnp.isfinite(reads))), (kind, "reads")
         norm = lambda ps: float(jnp.sqrt(sum(jnp.sum(p * p) for p in ps)))  # noqa: E731
         assert np.isfinite(norm(P)), (kind, "state")
@@ -113,6 +116,6 @@ def test_a_preset_stays_in_its_band_over_64k_adversarial_tokens(name, depth):
             assert float(jnp.max(jnp.linalg.norm(y, axis=-1))) <= 1 + 1e-4, kind
         elif m.learned_w0:
             ratio = norm(P) / norm(W0)
-            assert 0.5 <= ratio <= 2, (kind, ratio)
+            assert 0.5 <= ratio <= (6 if m.surprise_max_norm else 2), (kind, ratio)
         else:
             assert float(jnp.max(jnp.linalg.norm(reads, axis=-1))) <= 2, kind

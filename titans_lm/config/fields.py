@@ -222,7 +222,7 @@ FIELDS: dict[str, Field] = {
                                   _ints(1),
                                   MEMORY_BACKBONES),
     "model.memory.theta_max": _f("Titans gates: inner learning rate theta = theta_max * "
-                                 "sigmoid(.); stable below ~0.0005 at chunk 16.", POSITIVE,
+                                 "sigmoid(.); stable below ~0.0005 at chunk 16 without the surprise guard.", POSITIVE,
                                  MEMORY_BACKBONES),
     "model.memory.gate_style": _f("'titans': theta from theta_max; 'ttt': TTT's "
                                   "ttt_base_lr * sigmoid(.) / head_dim; 'constant': theta = "
