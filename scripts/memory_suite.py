@@ -35,8 +35,9 @@ Writes ``<out>/suite.md`` (a row per backbone: each metric's mean ± half the ra
 seeds run so far, into the same ``--out`` by this command or an earlier one, then the suite's
 targets: met or missed, with the numbers), ``<out>/suite.json`` (every unit's record and the
 aggregate) and ``<out>/suite.png`` (the S-NIAH and MQAR accuracies as a heat map).
-Wall time on the project's 2-core CPU, one core per run (the tiny LMM, measured): about 25 min
-(books: 20 of training), 1 (ablation), 3.5 (niah), 4.5 (mqar) per backbone and seed.
+Wall time on the project's 2-core CPU, one core per run, the other busy (measured): books 16-20
+min (a reused training run: 4-6), ablation 1, niah 13-15 (LMM, MAG; the SWA control 4.5), mqar
+about 60 (the LMM's two stages at docs/results/mqar.md's budget) per backbone and seed.
 """
 
 from __future__ import annotations
