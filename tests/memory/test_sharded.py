@@ -152,6 +152,7 @@ def _lmm_config(impl):
     m.memory.head_dim, m.memory.memory_depth, m.memory.impl = 16, 1, impl   # 2 heads
     m.memory.theta_max = 0.05     # livelier writes than the default, so the memory matters
     m.memory.decay_target = "zero"   # the kernel's decay (toward W0 runs chunked)
+    m.memory.surprise_max_norm = 0.0   # the kernel has no surprise clip
     return cfg
 
 
