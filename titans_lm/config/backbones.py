@@ -71,7 +71,7 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # theta < 0.0005 and eta < 0.9 (b = 16, c = 1: 0.0005 * 2 * 16 * 87 = 1.4 < 2.4) MAC trained 50
 # steps cleanly. So theta was kept in (0, 0.0005) and the momentum gate bounded to (0, 0.9)
 # (``MemoryConfig.eta_max``), which are MemoryConfig's own defaults (``MemoryConfig.write_gain``);
-# the Titans presets now raise theta_max under the surprise guard (below). The effective per-token rate
+# the LMM's preset now raises theta_max under the surprise guard (below). The effective per-token rate
 # theta / (1 - eta) is then at most 0.005 (TTT-Linear: base_lr / head_dim = 0.016 without momentum,
 # stabilised by its LayerNorm inner model).
 #
