@@ -71,9 +71,9 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # theta < 0.0005 and eta < 0.9 (b = 16, c = 1: 0.0005 * 2 * 16 * 87 = 1.4 < 2.4) MAC trained 50
 # steps cleanly. So theta was kept in (0, 0.0005) and the momentum gate bounded to (0, 0.9)
 # (``MemoryConfig.eta_max``), which are MemoryConfig's own defaults (``MemoryConfig.write_gain``);
-# the LMM's preset now raises theta_max under the surprise guard (below). The effective per-token rate
-# theta / (1 - eta) is then at most 0.005 (TTT-Linear: base_lr / head_dim = 0.016 without momentum,
-# stabilised by its LayerNorm inner model).
+# the LMM's preset now raises theta_max under the surprise guard (below). The effective
+# per-token rate theta / (1 - eta) is then at most 0.005 (TTT-Linear: base_lr / head_dim =
+# 0.016 without momentum, stabilised by its LayerNorm inner model).
 #
 # That bound assumes unit-norm keys *and* targets of comparable scale: a linear memory's write is
 # affine in v, but a deep one (memory_depth >= 2) that moves its weights far to fit large values
@@ -194,8 +194,9 @@ def titans_config(name: str, size: str, paper_shapes: dict, *,
 
     The LMM's memory :data:`TITANS_MEMORY` (L_M = 2 with 2x expansion, momentum bounded by 0.9,
     decay, per-token gates, short convolution, output gate, head_dim 64, chunk 16, theta below
-    0.0005), then ``memory``'s fields (the LMM: :data:`RAISED_WRITE`); tiny = the tiny Transformer++ shape and run (:func:`set_tiny_run`) with 4 persistent
-    tokens; the paper sizes use the Titans run (:func:`set_paper_run`) with 16 persistent tokens
+    0.0005), then ``memory``'s fields (the LMM: :data:`RAISED_WRITE`); tiny = the tiny
+    Transformer++ shape and run (:func:`set_tiny_run`) with 4 persistent tokens; the paper sizes
+    use the Titans run (:func:`set_paper_run`) with 16 persistent tokens
     and the widths/depths of ``paper_shapes`` (tests/models/test_backbones_params.py keeps each within
     10% of its name). Ablation switches (Titans table 5): ``model.memory.{use_momentum, use_decay,
     use_conv, memory_depth, chunk_size}`` and ``model.n_persistent`` (0 = none).
