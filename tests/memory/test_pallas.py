@@ -241,6 +241,18 @@ def test_fallback_logs_once_and_equals_chunked(caplog, model, chunk, d, reason):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_surprise_clip_runs_chunked_with_the_clip():
+    """The kernel does not clip: with surprise_max_norm > 0 "pallas" runs "chunked" with the
+    clip (so the clip acts: the result differs from the unclipped one)."""
+    args = random_problem(LINEAR, 32, 16, seed=3)
+    got = jax.jit(scan_with("pallas", LINEAR, 16, surprise_max_norm=0.05))(*args, args[0])
+    want = jax.jit(scan_with("chunked", LINEAR, 16, surprise_max_norm=0.05))(*args, args[0])
+    free = jax.jit(scan_with("chunked", LINEAR, 16))(*args, args[0])
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert float(jnp.max(jnp.abs(got[0] - free[0]))) > 1e-4
+
+
 def test_fallback_message_is_logged(caplog):
     model = MLPMemory(depth=3, expansion=2.0)  # a fresh reason, so the once-only log fires here
     args = random_problem(model, 16, 16, seed=2)

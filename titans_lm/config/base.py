@@ -177,12 +177,6 @@ def check_model_shape(model: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config field model.memory.memory_depth: {name} needs "
                          f"{'1 (a linear' if name == 'ttt_linear' else '>= 2 (an MLP'} inner "
                          f"model), got {depth}")
-    if memory is not None and memory.get("surprise_max_norm", 0) > 0 and \
-            memory.get("impl") not in ("chunked", "reference"):
-        raise ValueError(f"config fields model.memory.surprise_max_norm="
-                         f"{memory.surprise_max_norm} and model.memory.impl={memory.impl!r}: the "
-                         f"surprise clip runs in the 'chunked' and 'reference' engines only; set "
-                         f"one of them or surprise_max_norm=0")
     if memory is not None and d_model >= 1 and not memory.get("n_heads"):
         head_dim = int(memory.get("head_dim", 0))
         if head_dim >= 1 and d_model % head_dim:

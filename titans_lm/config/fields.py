@@ -260,7 +260,7 @@ FIELDS: dict[str, Field] = {
                                          "its gradients so far.", _one_of(False, True),
                                          MEMORY_BACKBONES),
     "model.memory.surprise_max_norm": _f("Clip each token's surprise to this norm (0 = off; "
-                                         "engines chunked and reference).", NON_NEGATIVE,
+                                         "impl pallas runs chunked for it).", NON_NEGATIVE,
                                          MEMORY_BACKBONES),
     "model.memory.attentional_bias": _f("The inner loss (MIRAS' attentional bias): 'l2' "
                                         "||f(k) - v||^2, 'dot' -2 <f(k), v> (Hebbian; linear "

@@ -109,7 +109,8 @@ class MemoryConfig:
         which is the same as lowering that token's theta. It bounds every write by
         theta_max * surprise_max_norm / (1 - eta_max) whatever the memory's curvature (which
         grows with memory_depth). Cost: one norm per token from the factors the engine already
-        has (``scripts/benchmark.py --variants``). Engines "chunked" and "reference" only.
+        has (``scripts/benchmark.py --variants``). In "chunked" and "reference"; "pallas" (and "auto"
+        on GPU/TPU) run "chunked" for it (the kernel does not clip).
       attentional_bias: the inner loss (:mod:`titans_lm.memory.biases`; MIRAS,
         arXiv:2504.13173): "l2" ||f(k) - v||^2 (Titans, TTT, the delta rule), "dot"
         -2 <f(k), v> (Hebbian: linear attention), "lp" ||f(k) - v||_p^p with p = bias_p
@@ -283,9 +284,6 @@ class MemoryConfig:
         need(self.read in READ_MODES, "read", f"must be one of {READ_MODES}")
         need(self.impl in IMPLEMENTATIONS, "impl", f"must be one of {sorted(IMPLEMENTATIONS)}")
         need(self.surprise_max_norm >= 0, "surprise_max_norm", "must be >= 0 (0: off)")
-        need(self.surprise_max_norm == 0 or self.impl in ("chunked", "reference"),
-             "surprise_max_norm", f"is supported by impl 'chunked' and 'reference' only (impl is "
-             f"{self.impl!r}); set it to 0 or change impl")
         need(self.attentional_bias in BIASES, "attentional_bias", f"must be one of {sorted(BIASES)}")
         need(isinstance(self.bias_p, (int, float)) and self.bias_p > 1, "bias_p",
              "must be a number > 1 (the l_p bias's exponent)")

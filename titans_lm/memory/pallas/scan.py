@@ -202,7 +202,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 precision: str = "highest", running_mean: bool = False, log_keep=None,
                 state_length=None, inside_starts=None, decay_target: str = "zero",
                 ns_steps: int = 0, ns_gradient: str = "exact", fast_weight_norm: bool = False,
-                omega_window: int = 1, gamma=None, omega_tail=None):
+                omega_window: int = 1, gamma=None, omega_tail=None,
+                surprise_max_norm: float = 0.0):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -233,6 +234,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         ``chunked`` (logged once).
       omega_window, gamma, omega_tail: as memory_scan's; the kernel has no Omega window, so
         omega_window > 1 runs ``chunked`` (logged once).
+      surprise_max_norm: as memory_scan's (the guard); the kernel does not clip, so a value
+        > 0 runs ``chunked`` (logged once).
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -250,14 +253,16 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             inside_starts=inside_starts, decay_target=decay_target,
                             ns_steps=ns_steps, ns_gradient=ns_gradient,
                             fast_weight_norm=fast_weight_norm,
-                            omega_window=omega_window, gamma=gamma, omega_tail=omega_tail)
+                            omega_window=omega_window, gamma=gamma, omega_tail=omega_tail,
+                            surprise_max_norm=surprise_max_norm)
 
     # rules the kernel does not implement: the first that applies is logged, chunked runs
     unsupported = (
         (decay_target != "zero", f"decay_target={decay_target!r} (the kernel decays toward zero)"),
         (ns_steps, f"ns_steps={ns_steps} (the kernel has no Newton-Schulz steps)"),
         (fast_weight_norm, "fast_weight_norm=True (the kernel does not normalise the fast weights)"),
-        (omega_window > 1, f"omega_window={omega_window} (the kernel writes one gradient per token)"))
+        (omega_window > 1, f"omega_window={omega_window} (the kernel writes one gradient per token)"),
+        (surprise_max_norm > 0, f"surprise_max_norm={surprise_max_norm} (the kernel does not clip)"))
     reason = next((why for applies, why in unsupported if applies), None)
     if reason is not None:
         log_fallback(reason)
@@ -308,14 +313,16 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
               decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
               fast_weight_norm: bool = False, omega_window: int = 1, gamma=None, omega_tail=None,
-              **pallas_options):
+              surprise_max_norm: float = 0.0, **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
-    ``inside_starts``, ``decay_target``, ``ns_steps``, ``ns_gradient``, ``fast_weight_norm``
-    and the Omega rule's ``omega_window``, ``gamma``, ``omega_tail`` as :func:`pallas_scan`'s.
+    ``inside_starts``, ``decay_target``, ``ns_steps``, ``ns_gradient``, ``fast_weight_norm``,
+    the Omega rule's ``omega_window``, ``gamma``, ``omega_tail`` and ``surprise_max_norm`` as
+    :func:`pallas_scan`'s.
     """
-    omega = dict(omega_window=omega_window, gamma=gamma, omega_tail=omega_tail)
+    rules = dict(omega_window=omega_window, gamma=gamma, omega_tail=omega_tail,
+                 surprise_max_norm=surprise_max_norm)
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
@@ -323,11 +330,11 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
                            log_keep=log_keep, state_length=state_length,
                            inside_starts=inside_starts, decay_target=decay_target,
                            ns_steps=ns_steps, ns_gradient=ns_gradient,
-                           fast_weight_norm=fast_weight_norm, **omega, **pallas_options)
+                           fast_weight_norm=fast_weight_norm, **rules, **pallas_options)
     return chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                         chunk_size=chunk_size, read=read, reset_to=reset_to,
                         chunks_per_checkpoint=chunks_per_checkpoint, running_mean=running_mean,
                         log_keep=log_keep, state_length=state_length,
                         inside_starts=inside_starts, decay_target=decay_target,
                         ns_steps=ns_steps, ns_gradient=ns_gradient,
-                        fast_weight_norm=fast_weight_norm, **omega)
+                        fast_weight_norm=fast_weight_norm, **rules)
