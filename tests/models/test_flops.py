@@ -12,8 +12,9 @@ from titans_lm.config import load
 from titans_lm.memory import MLPMemory, memory_scan
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.models import build_model
-from titans_lm.models.flops import (count_flops, jaxpr_matmul_flops, memory_chunk_flops,
-                                   traced_forward_flops)
+from titans_lm.models.flops import (_coefficient_flops, count_flops, jaxpr_matmul_flops,
+                                   memory_chunk_flops, traced_forward_flops)
+from titans_lm.models.memory_mixer import memory_config, memory_layer_indices
 
 
 def small_config(name, persistent=False, **memory):
@@ -45,6 +46,24 @@ def test_executed_count_equals_traced_matmuls(name, T, memory):
     count = count_flops(m, T)
     assert count.executed_total == traced
     assert 0 < count.model_total <= count.executed_total
+
+
+@pytest.mark.parametrize("name", ["lact", "ttt_linear"])
+def test_constant_gate_coefficients_are_left_out_of_the_model_count(name):
+    """Without momentum and decay the [b, b] gate coefficients are the gates, masked: the model
+    count omits exactly their products (which the engine executes); with decay it keeps them."""
+    m = small_config(name)
+    m.memory.chunk_size, T = 32, 128
+    mcfg = memory_config(m)
+    per_chunk = _coefficient_flops(32, log_keep=True, reset_row=True, newton_schulz=False)
+    assert memory_chunk_flops(mcfg) - memory_chunk_flops(mcfg, executed=False) == per_chunk
+    count = count_flops(m, T)
+    n_layers = len(memory_layer_indices(m.get("memory_layers", "all"), m.n_layers))
+    assert (count.executed["memory_dual"] - count.model["memory_dual"]
+            == n_layers * mcfg.n_heads * (T // 32) * per_chunk)
+    m.memory.use_decay = True
+    decaying = count_flops(m, T)
+    assert decaying.model["memory_dual"] == decaying.executed["memory_dual"]
 
 
 RULES = {"omega3": {"omega_window": 3}, "omega6": {"omega_window": 6}, "ns2": {"ns_steps": 2},

@@ -49,6 +49,8 @@ log form log(1 - alpha) that the layer passes, 6 b^2 + 4 b^3 in all; plus the re
 R = D (keep * reset) (2 b^2) where the resets are not known before tracing (the layer's). A chunk
 in which a document starts inside it costs more (another gradient pass at the reset target and
 one more read matmul per weight: docs/design.md#resets-inside-a-chunk); not counted here.
+Without momentum and decay (LaCT, TTT) the coefficients are the gates themselves, masked, so the
+model count leaves them out and only the executed count has them.
 
 So per token and head the dual form costs about 10 sum(d_in d_out) + 2 b (sum d_in + d_out) +
 2 b^2: linear in d_in d_out like a projection, plus terms that grow with the chunk size (at b =
@@ -198,7 +200,8 @@ def newton_schulz_flops(m: int, n: int, steps: int) -> float:
 
 
 def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | None = None,
-                       log_keep: bool = True, traced_resets: bool = True) -> float:
+                       log_keep: bool = True, traced_resets: bool = True,
+                       executed: bool = True) -> float:
     """Matmul FLOPs of one head's chunk of b tokens (module docstring): the dual form, or with
     ``ns_steps`` k > 0 the materialised Newton-Schulz states; ``omega_window`` c > 1 widens the
     writes to the chunk's b + c - 1 extended tokens.
@@ -211,8 +214,13 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
     matrix. Products whose results go unused are not counted (XLA removes them; compare with
     :func:`traced_forward_flops`, which removes them too).
 
+    ``executed``: False gives the model count, which leaves out the gate coefficients of a memory
+    without momentum and decay (LaCT, TTT: eta = alpha = 0, so C[i, s] = theta_s for s <= i, a
+    masked row of the gates, no matmul); the engine still builds them as [b, b] products (the
+    executed count), which at LaCT's b = 2048 would be 94% of the count.
+
     Returns:
-      FLOPs (float), the same in the model and the executed count.
+      FLOPs (float).
     """
     b = b or mcfg.chunk_size
     read = read or mcfg.read
@@ -241,8 +249,9 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
             f += 2 * b * w * d + 2 * b * b * d            # S_t = ... - M @ d, P_t = ... + C @ S
         else:
             f += (2 * b * w * d if read == "after_write" else 0) + 4 * w * d
-    f += _coefficient_flops(b, log_keep=log_keep, newton_schulz=bool(ns),
-                            reset_row=traced_resets and not to_target)
+    if executed or mcfg.use_momentum or mcfg.use_decay:
+        f += _coefficient_flops(b, log_keep=log_keep, newton_schulz=bool(ns),
+                                reset_row=traced_resets and not to_target)
     if c > 1:                                             # rows C @ Wmask over the extended set
         if ns:
             f += 2 * b * b * w                            # M (the momentum's rows)
@@ -285,7 +294,8 @@ def _memory_scan(acc: _Acc, mcfg: MemoryConfig, n_tokens: int) -> None:
         model = delta_chunk_flops(mcfg, executed=False) * mcfg.n_heads
         executed = delta_chunk_flops(mcfg) * mcfg.n_heads
     else:
-        model = executed = memory_chunk_flops(mcfg) * mcfg.n_heads
+        model = memory_chunk_flops(mcfg, executed=False) * mcfg.n_heads
+        executed = memory_chunk_flops(mcfg) * mcfg.n_heads
     n_exec = math.ceil(n_tokens / b) * b
     acc.add("memory_dual", model * n_tokens / b, executed * n_exec / b)
 
