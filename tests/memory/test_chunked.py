@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from titans_lm.memory import MLPMemory, ResidualLN, chunk_step, memory_scan
+from titans_lm.memory import MLPMemory, ResidualLN, SwiGLUMemory, chunk_step, memory_scan
 from titans_lm.memory.chunked import gradient_factors
 
 
@@ -101,3 +101,54 @@ def test_chunked_backward_keeps_only_chunk_boundary_states():
     # Without rematerialisation the backward keeps each chunk's internals: more than the states.
     kept = _backward_temp_bytes("chunked", 4096, chunks_per_checkpoint=0)
     assert kept > 2 * chunked, (kept, chunked)
+
+
+_CONSTANT_GATE_CASES = {
+    # LaCT: SwiGLU, dot bias, weight norm, chunk-start reads; no momentum, no decay
+    "lact": dict(none=("eta", "alpha"), read="chunk_start", attentional_bias="dot",
+                 fast_weight_norm=True, state_length=9),
+    # TTT: running-mean reads after each write
+    "ttt": dict(none=("eta", "alpha"), running_mean=True, state_length=6),
+    "no_momentum": dict(none=("eta",), log_keep=True),
+    "no_decay": dict(none=("alpha",), decay_target="initial"),
+    "newton_schulz": dict(none=("alpha",), ns_steps=2),
+    "omega": dict(none=("eta", "alpha"), omega_window=2),
+}
+
+
+@pytest.mark.parametrize("case", list(_CONSTANT_GATE_CASES))
+def test_none_gates_equal_zero_gates_and_the_reference(case):
+    """eta = None / alpha = None (no momentum / no decay: coefficients without the gate products)
+    give the reads, final state and gradients of zero gates, and the token-by-token reference,
+    with documents starting inside chunks."""
+    opts = dict(_CONSTANT_GATE_CASES[case])
+    none = opts.pop("none")
+    model = SwiGLUMemory(expansion=1.0) if case == "lact" else MLPMemory(depth=2, expansion=1.0)
+    T, d = 13, 3
+    with jax.enable_x64(True):
+        P0 = model.init(jax.random.key(1), d, d, jnp.float64)
+        S0 = tuple(jnp.zeros_like(p) for p in P0)
+        k, v, q, th, et, al = _inputs(T, d, 5)
+        reset = jnp.zeros(T, bool).at[jnp.array([2, 6, 9])].set(True)
+        log_keep = opts.pop("log_keep", False)
+        if opts.get("omega_window", 1) > 1:
+            opts["gamma"] = jnp.linspace(0.2, 1.0, T)
+        weights = jax.random.normal(jax.random.key(2), (T, d), jnp.float64)
+
+        def loss(impl, new, th, k, v, q, P0):
+            eta = (None if new else jnp.zeros(T)) if "eta" in none else et
+            alpha = (None if new else jnp.zeros(T)) if "alpha" in none else al
+            kw = dict(opts)
+            if log_keep and "alpha" not in none:
+                kw["log_keep"], alpha = jnp.log1p(-al), None
+            reads, (P, S) = memory_scan(P0, S0, k, v, q, th, eta, alpha, model=model,
+                                        chunk_size=4, impl=impl, reset=reset, **kw)
+            return jnp.sum(reads * weights) + sum(jnp.sum(x ** 2) for x in P + S), (reads, P, S)
+
+        grad = lambda impl, new: jax.grad(loss, argnums=(2, 3, 4, 5, 6), has_aux=True)(  # noqa: E731
+            impl, new, th, k, v, q, P0)
+        new_g, new_out = grad("chunked", True)
+        for impl, atol in (("chunked", 1e-12), ("reference", 1e-10)):
+            g, out = grad(impl, impl == "reference")
+            for a, w in zip(jax.tree.leaves((new_out, new_g)), jax.tree.leaves((out, g))):
+                np.testing.assert_allclose(a, w, rtol=0, atol=atol, err_msg=impl)

@@ -105,3 +105,32 @@ def test_segment_products_jacobian_is_exact_at_zeros():
             x = jnp.asarray(gz)
             np.testing.assert_allclose(jax.jacrev(segment_products)(x), want, atol=1e-15)
             np.testing.assert_allclose(jax.jacfwd(segment_products)(x), want, atol=1e-15)
+
+
+@pytest.mark.parametrize("form", ["log_keep", "alpha"])
+@pytest.mark.parametrize("to_target", [False, True])
+def test_none_gates_are_exact_zero_gates(form, to_target):
+    """eta = None (no momentum) and alpha = log_keep = None (no decay), formed without the gate
+    products, equal zero gates exactly, with document starts inside the chunk and without."""
+    b = 7
+    rng = np.random.default_rng(3)
+    with jax.enable_x64(True):
+        theta, eta, keep = (jnp.asarray(rng.uniform(lo, hi, b)) for lo, hi in
+                            ((0, .5), (0, 1), (.3, 1)))
+        zeros = jnp.zeros(b)
+        decay = {"log_keep": {"log_keep": jnp.log(keep)}, "alpha": {"alpha": 1 - keep}}[form]
+        no_decay = {"log_keep": {"log_keep": zeros}, "alpha": {"alpha": zeros}}[form]
+        for reset in (None, jnp.asarray([0, 0, 1, 0, 0, 1, 0], bool),
+                      jnp.asarray([1, 0, 0, 0, 1, 0, 0], bool)):
+            for et_new, et_old, dec_new, dec_old in ((None, zeros, decay, decay),
+                                                     (eta, eta, {}, no_decay),
+                                                     (None, zeros, {}, no_decay)):
+                args = dict(reset=reset, decay_to_target=to_target)
+                new = chunk_coefficients(theta, et_new, dec_new.get("alpha"),
+                                         log_keep=dec_new.get("log_keep"), **args)
+                old = chunk_coefficients(theta, et_old, dec_old.get("alpha"),
+                                         log_keep=dec_old.get("log_keep"), **args)
+                for name, a, w in zip(new._fields, new, old):
+                    assert (a is None) == (w is None), name
+                    if a is not None:
+                        np.testing.assert_allclose(a, w, rtol=0, atol=1e-15, err_msg=name)

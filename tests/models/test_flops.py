@@ -34,7 +34,8 @@ def small_config(name, persistent=False, **memory):
 
 @pytest.mark.parametrize("name,T,memory", [
     ("transformer", 96, {}), ("ttt_linear", 72, {}), ("ttt_mlp", 64, {}), ("lmm", 100, {}),
-    ("lmm", 64, {"read": "chunk_start", "use_momentum": False}), ("mag", 80, {}),
+    ("lmm", 64, {"read": "chunk_start", "use_momentum": False}), ("lmm", 48, {"use_decay": False}),
+    ("mag", 80, {}),
     ("mal", 64, {}), ("linear_attention", 72, {}), ("deltanet", 72, {}),
     ("gated_deltanet", 64, {}), ("gated_deltanet", 72, {"chunk_size": 12}),
 ])
@@ -49,21 +50,26 @@ def test_executed_count_equals_traced_matmuls(name, T, memory):
 
 
 @pytest.mark.parametrize("name", ["lact", "ttt_linear"])
-def test_constant_gate_coefficients_are_left_out_of_the_model_count(name):
-    """Without momentum and decay the [b, b] gate coefficients are the gates, masked: the model
-    count omits exactly their products (which the engine executes); with decay it keeps them."""
+def test_constant_gate_coefficients_cost_no_matmul(name):
+    """Without momentum and decay the [b, b] gate coefficients are the gates, masked, and the
+    engine forms them so: no coefficient product in either count (the executed one is checked
+    against the traced matmuls above); a decaying memory still counts its products."""
     m = small_config(name)
     m.memory.chunk_size, T = 32, 128
     mcfg = memory_config(m)
-    per_chunk = _coefficient_flops(32, log_keep=True, reset_row=True, newton_schulz=False)
-    assert memory_chunk_flops(mcfg) - memory_chunk_flops(mcfg, executed=False) == per_chunk
+    assert _coefficient_flops(32, log_keep=True, reset_row=True, newton_schulz=False,
+                              momentum=False, decay=False) == 0
+    assert memory_chunk_flops(mcfg) == memory_chunk_flops(mcfg, executed=False)
     count = count_flops(m, T)
-    n_layers = len(memory_layer_indices(m.get("memory_layers", "all"), m.n_layers))
-    assert (count.executed["memory_dual"] - count.model["memory_dual"]
-            == n_layers * mcfg.n_heads * (T // 32) * per_chunk)
+    assert count.executed["memory_dual"] == count.model["memory_dual"]
     m.memory.use_decay = True
     decaying = count_flops(m, T)
-    assert decaying.model["memory_dual"] == decaying.executed["memory_dual"]
+    per_chunk = _coefficient_flops(32, log_keep=True, reset_row=True, newton_schulz=False,
+                                   momentum=False)
+    n_layers = len(memory_layer_indices(m.get("memory_layers", "all"), m.n_layers))
+    assert per_chunk > 0
+    assert (decaying.executed["memory_dual"] - count.executed["memory_dual"]
+            == n_layers * mcfg.n_heads * (T // 32) * per_chunk)
 
 
 RULES = {"omega3": {"omega_window": 3}, "omega6": {"omega_window": 6}, "ns2": {"ns_steps": 2},

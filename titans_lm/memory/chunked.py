@@ -334,7 +334,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
                  decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
                  fast_weight_norm: bool = False, omega_window: int = 1, gamma=None,
-                 omega_tail=None):
+                 omega_tail=None, no_momentum: bool = False, no_decay: bool = False):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -391,6 +391,10 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
       omega_tail: None (a fresh stream) or (k [c - 1, d_k], v [c - 1, d_v], gamma [c - 1],
         valid bool [c - 1]) of the c - 1 tokens before token 0 (valid: in the document that
         continues at token 0).
+      no_momentum: eta is 0 at every token (``eta`` is then ignored): the coefficients are
+        formed without the momentum's [b, b] products (:func:`chunk_coefficients` with eta None).
+      no_decay: alpha is 0 at every token (``alpha`` and ``log_keep`` are then ignored): the
+        decay products are the document mask (:func:`chunk_coefficients` with alpha None).
     Raises:
       ValueError: for chunks_per_checkpoint < 0, or ns_steps > 0 with running_mean.
     """
@@ -429,14 +433,17 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
     inside = None if inside_starts is False else in_chunk_starts(per_chunk(reset_p))
     to_target = decay_target == "initial"
     coefficients = ns_chunk_coefficients if ns_steps else chunk_coefficients
-    if log_keep is None:
-        coef = jax.vmap(lambda th, et, al, rs: coefficients(
-            th, et, al, reset=rs, decay_to_target=to_target))(
-            per_chunk(theta_p), per_chunk(eta_p), per_chunk(alpha_p), inside)
+    # gates that are None are constant zeros (no momentum / no decay): no products for them
+    et_c = None if no_momentum else per_chunk(eta_p)
+    if no_decay:
+        al_c = lk_c = None
+    elif log_keep is None:
+        al_c, lk_c = per_chunk(alpha_p), None
     else:
-        coef = jax.vmap(lambda th, et, lk, rs: coefficients(
-            th, et, None, log_keep=lk, reset=rs, decay_to_target=to_target))(
-            per_chunk(theta_p), per_chunk(eta_p), per_chunk(_pad_rows(log_keep, total, 0)), inside)
+        al_c, lk_c = None, per_chunk(_pad_rows(log_keep, total, 0))
+    coef = jax.vmap(lambda th, et, al, lk, rs: coefficients(
+        th, et, al, log_keep=lk, reset=rs, decay_to_target=to_target))(
+        per_chunk(theta_p), et_c, al_c, lk_c, inside)
     # the dual form's end rows; materialised Newton-Schulz states pick a row by token count
     ends = jnp.asarray(n_valid) if ns_steps else jax.vmap(end_rows)(coef, jnp.asarray(n_valid))
     # Inside the loop each token picks the base of its gradient: P0, or the reset target from a

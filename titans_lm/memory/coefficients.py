@@ -196,8 +196,13 @@ def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None
 
     Args:
       theta: [b] inner learning rates theta_s (Titans eq. 13).
-      eta: [b] momentum decays eta_i (eq. 13).
+      eta: [b] momentum decays eta_i (eq. 13), or None for a memory without momentum (eta = 0
+        at every token, exactly: then E is the identity, A = E0 = 0, C = D theta and
+        M = diag(theta), formed without the [b, b] products).
       alpha: [b] forget gates alpha_i (eq. 14); ignored (may be None) when log_keep is given.
+        alpha = log_keep = None: a memory without decay (alpha = 0 at every token, exactly:
+        D is the document mask of :func:`document_mask`, B its first column; no segment
+        products).
       log_keep: optional [b] log(1 - alpha_i), the forget gate in log form (see
         :func:`log_segment_products`); used instead of alpha when given.
       reset: optional [b] bool, document starts (any position, 0 included).
@@ -206,9 +211,14 @@ def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None
       ChunkCoefficients (see the module docstring for the formulas); R is None without ``reset``
       and without ``decay_to_target``.
     """
-    if reset is not None:
-        eta = jnp.where(reset, jnp.zeros((), eta.dtype), eta)
-    if log_keep is None:
+    no_momentum, no_decay = eta is None, alpha is None and log_keep is None
+    b = theta.shape[0]
+    dt = theta.dtype
+    if no_decay:
+        # D is the document mask: 1 where no start lies in (k, i] (O(b^2) elementwise, no matmul)
+        D, B = document_mask(b, reset, dt)
+        keep = jnp.ones((b,), dt)
+    elif log_keep is None:
         keep = 1 - alpha
         cut = keep if reset is None else jnp.where(reset, jnp.zeros((), keep.dtype), keep)
         D = segment_products(cut)        # D[i, k] = B_i / B_k
@@ -218,13 +228,51 @@ def chunk_coefficients(theta: jax.Array, eta: jax.Array, alpha: jax.Array | None
         cut = log_keep if reset is None else jnp.where(reset, -jnp.inf, log_keep)
         D = log_segment_products(cut)
         B = D[:, 0] * jnp.exp(cut[0])
-    E = segment_products(eta)        # E[k, s] = E_{k,s}
-    E0 = E[:, 0] * eta[0]            # E_{i,0} = prod_{j<=i} eta_j
-    A = D @ E0
-    C = (D @ E) * theta[None, :]
-    M = E * theta[None, :]
+    if no_momentum:
+        # E is the identity: E_{i,0} = 0, A = 0, C = D theta, M = diag(theta) (no products)
+        E0 = jnp.zeros((b,), dt)
+        A = jnp.zeros((b,), dt)
+        C = D * theta[None, :]
+        M = jnp.diag(theta)
+    else:
+        if reset is not None:
+            eta = jnp.where(reset, jnp.zeros((), eta.dtype), eta)
+        E = segment_products(eta)        # E[k, s] = E_{k,s}
+        E0 = E[:, 0] * eta[0]            # E_{i,0} = prod_{j<=i} eta_j
+        if no_decay:
+            # E is zero across a start (eta cut there), so the sums over k of D[i, k] E[k, s]
+            # are running sums of E down its columns, masked to i's document
+            A = jnp.cumsum(E0) * B
+            C = jnp.cumsum(E, axis=0) * D * theta[None, :]
+        else:
+            A = D @ E0
+            C = (D @ E) * theta[None, :]
+        M = E * theta[None, :]
     if decay_to_target:
         R = 1 - B
+    elif reset is None:
+        R = None
+    elif no_decay:
+        R = 1 - B                        # 1 from the chunk's first start on
     else:
-        R = None if reset is None else D @ jnp.where(reset, keep, jnp.zeros((), keep.dtype))
+        R = D @ jnp.where(reset, keep, jnp.zeros((), keep.dtype))
     return ChunkCoefficients(B=B, A=A, C=C, E0=E0, M=M, R=R)
+
+
+def document_mask(b: int, reset: jax.Array | None = None, dtype=jnp.float32):
+    """The segment products of gates that are all 1 but cut at document starts, without products.
+
+    Args:
+      b: chunk size.
+      reset: optional [b] bool document starts.
+      dtype: of the result.
+    Returns:
+      (D [b, b], B [b]): D[i, k] = 1 for k <= i with no start in (k, i], else 0;
+      B[i] = 1 where no start lies in [0, i], else 0.
+    """
+    idx = jnp.arange(b)
+    lower = idx[:, None] >= idx[None, :]
+    if reset is None:
+        return lower.astype(dtype), jnp.ones((b,), dtype)
+    n = jnp.cumsum(reset.astype(jnp.int32))          # starts in [0, i]
+    return (lower & (n[:, None] == n[None, :])).astype(dtype), (n == 0).astype(dtype)

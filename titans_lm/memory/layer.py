@@ -373,6 +373,13 @@ class NeuralMemory(nnx.Module):
                 kw.update(omega_window=cfg.omega_window, gamma=om_[0], omega_tail=om_[1:])
             # One flag for all rows, so that it stays a branch under vmap: without a document
             # start inside a chunk the engines skip that work (the kernel runs).
+            # Without momentum / decay their gates are the constant 0: passed as None, so the
+            # engine forms its coefficients without the gates' [b, b] products.
+            if not cfg.use_momentum:
+                et = None
+            if not cfg.use_decay:
+                al = None
+                kw.pop("log_keep", None)
             return engine(p, m, k_, v_, q_, th, et, al, reset=rs, reset_to=p0,
                           inside_starts=inside, **kw)
 

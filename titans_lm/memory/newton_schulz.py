@@ -135,10 +135,11 @@ def ns_chunk_coefficients(theta, eta, alpha, *, log_keep=None, reset=None,
     Two uses of :func:`~titans_lm.memory.coefficients.chunk_coefficients`: the momentum's
     (theta = 1: M = E) and the parameters' (eta = 0: the write of token s is not carried on,
     so C = D theta), both with the same document starts (``reset``: a start at j zeroes the
-    gates that carry earlier state through j) and decay target.
+    gates that carry earlier state through j) and decay target. ``eta`` None: no momentum;
+    ``alpha`` and ``log_keep`` None: no decay (as :func:`chunk_coefficients`).
     """
     mom = chunk_coefficients(jnp.ones_like(theta), eta, alpha, log_keep=log_keep, reset=reset)
-    par = chunk_coefficients(theta, jnp.zeros_like(eta), alpha, log_keep=log_keep, reset=reset,
+    par = chunk_coefficients(theta, None, alpha, log_keep=log_keep, reset=reset,
                              decay_to_target=decay_to_target)
     return NSChunkCoefficients(E0=mom.E0, M=mom.M, B=par.B, C=par.C, R=par.R)
 

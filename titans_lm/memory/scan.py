@@ -10,8 +10,9 @@ reads, the final state and every gradient. Adding one is one line in ``IMPLEMENT
 
 with validated inputs: tuples of arrays for the states, one floating dtype for everything, an
 :class:`~titans_lm.memory.inner_models.InnerModel` spec for ``model`` and a [T] bool ``reset``;
-``running_mean=True``, ``log_keep`` (a [T] array) and ``state_length`` (an int32 scalar, possibly
-traced) arrive as keyword arguments only when the caller sets them (built-in implementations take
+``running_mean=True``, ``log_keep`` (a [T] array), ``state_length`` (an int32 scalar, possibly
+traced), ``no_momentum=True`` and ``no_decay=True`` (eta, resp. alpha, is then an array of zeros
+to ignore) arrive as keyword arguments only when the caller sets them (built-in implementations take
 ``running_mean`` and ``log_keep``; ``alpha`` is then still an array). An implementation that
 supports ``state_length`` returns the state after that many tokens. The Omega rule's
 ``omega_window`` (an int > 1), ``gamma`` ([T]) and ``omega_tail`` (a tuple, or absent) arrive the
@@ -143,7 +144,12 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
       theta: [T] inner learning rates (>= 0; theta = 0 writes nothing).
       eta: [T] momentum decays in [0, 1]; alpha: [T] forget gates in [0, 1] (None when
         log_keep is given). Outside jit out-of-range gates raise ValueError; under jit they are
-        not checked (see :func:`check_gates`).
+        not checked (see :func:`check_gates`). ``eta=None``: a memory without momentum (eta = 0
+        at every token); ``alpha=None`` with ``log_keep=None``: one without decay (alpha = 0).
+        Both give the numbers of zero arrays, but known before tracing: "chunked" (and "auto" /
+        "pallas" where they run it) then forms the chunk coefficients without the [b, b] gate
+        products (``no_momentum`` / ``no_decay``, passed to the implementations that name them;
+        the others get arrays of zeros). TTT and LaCT run so.
       model: an InnerModel spec, or "linear" / "mlp" (depth 2, SiLU, no biases).
       chunk_size: mini-batch size b >= 1 of the inner gradient descent. T need not be a multiple
         of it (the last chunk is partial) and may be smaller than it.
@@ -244,9 +250,15 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     d_in, d_out = model.check_params(params0)
     _check_same_structure(params0, momentum0, "params0", "momentum0")
     _check_same_structure(params0, reset_to, "params0", "reset_to")
-    if alpha is None:
-        if log_keep is None:
-            raise ValueError("alpha may be None only when log_keep (log(1 - alpha)) is given")
+    # None gates are constant zeros: no momentum (eta) / no decay (alpha and log_keep). The
+    # implementations that name no_momentum / no_decay skip their products; the others get zeros.
+    no_momentum, no_decay = eta is None, alpha is None and log_keep is None
+    theta = jnp.asarray(theta)
+    if no_momentum:
+        eta = jnp.zeros(theta.shape, theta.dtype)
+    if no_decay:
+        alpha = jnp.zeros(theta.shape, theta.dtype)
+    elif alpha is None:
         alpha = -jnp.expm1(jnp.asarray(log_keep))
     k, v, q, theta, eta, alpha = (jnp.asarray(x) for x in (k, v, q, theta, eta, alpha))
     if k.ndim != 2 or v.ndim != 2 or q.ndim != 2:
@@ -306,6 +318,9 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         impl_options["decay_target"] = decay_target
     if fast_weight_norm:
         impl_options["fast_weight_norm"] = True
+    for name, constant in (("no_momentum", no_momentum), ("no_decay", no_decay)):
+        if constant and _accepts(fn, name):
+            impl_options[name] = True
     impl_options.update(_check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v))
     if _accepts(fn, "inside_starts"):
         if impl_options.get("inside_starts") is None:

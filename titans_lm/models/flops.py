@@ -49,8 +49,9 @@ log form log(1 - alpha) that the layer passes, 6 b^2 + 4 b^3 in all; plus the re
 R = D (keep * reset) (2 b^2) where the resets are not known before tracing (the layer's). A chunk
 in which a document starts inside it costs more (another gradient pass at the reset target and
 one more read matmul per weight: docs/design.md#resets-inside-a-chunk); not counted here.
-Without momentum and decay (LaCT, TTT) the coefficients are the gates themselves, masked, so the
-model count leaves them out and only the executed count has them.
+Without momentum (eta = None to the engine) E is the identity: no E, A or C = D @ E; without
+decay (alpha = None) D is the document mask and R = 1 - B: no D or R product. Without both (LaCT,
+TTT) the coefficients are the gates themselves, masked: no matmul, in both counts.
 
 So per token and head the dual form costs about 10 sum(d_in d_out) + 2 b (sum d_in + d_out) +
 2 b^2: linear in d_in d_out like a projection, plus terms that grow with the chunk size (at b =
@@ -171,16 +172,25 @@ def _inner_shapes(mcfg: MemoryConfig):
             [s[0] for i, s in enumerate(shapes) if len(s) == 1 and i not in outer])
 
 
-def _coefficient_flops(b: int, *, log_keep: bool, reset_row: bool, newton_schulz: bool) -> float:
+def _coefficient_flops(b: int, *, log_keep: bool, reset_row: bool, newton_schulz: bool,
+                       momentum: bool = True, decay: bool = True) -> float:
     """The gate coefficients of one chunk (``titans_lm.memory.coefficients``; module docstring).
 
     The dual form: D (from log(1 - alpha): 2 b^3; from alpha: 4 b^2), E (4 b^2), A = D @ E0
     (2 b^2), C = D @ E (2 b^3), and R = D (keep * reset) (2 b^2) where ``reset_row``. Newton-Schulz
-    momentum (``ns_chunk_coefficients``) keeps the momentum's E of one call and D, E, C (and R) of
-    the other: no A, one E more."""
-    D = 2 * b ** 3 if log_keep else 4 * b * b
-    f = D + 4 * b * b + 2 * b ** 3 + (2 * b * b if reset_row else 0)
-    return f + (4 * b * b if newton_schulz else 2 * b * b)
+    momentum (``ns_chunk_coefficients``) keeps the momentum's E and D (and R) of the parameters'
+    call, whose C = D theta has no product (no momentum there). Without momentum (E the identity)
+    E, A and C's product are gone; without decay (D the document mask, R = 1 - B) D and R are
+    gone, and with momentum A and C are running sums of E (no matmul): no momentum and no decay
+    (LaCT, TTT) cost no matmul at all."""
+    f = 0.0
+    if decay:
+        f += (2 * b ** 3 if log_keep else 4 * b * b) + (2 * b * b if reset_row else 0)
+    if momentum:
+        f += 4 * b * b
+        if decay and not newton_schulz:
+            f += 2 * b * b + 2 * b ** 3
+    return f
 
 
 def _outer_sum_flops(b: int, w: int, di: int, do: int) -> float:
@@ -214,10 +224,10 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
     matrix. Products whose results go unused are not counted (XLA removes them; compare with
     :func:`traced_forward_flops`, which removes them too).
 
-    ``executed``: False gives the model count, which leaves out the gate coefficients of a memory
-    without momentum and decay (LaCT, TTT: eta = alpha = 0, so C[i, s] = theta_s for s <= i, a
-    masked row of the gates, no matmul); the engine still builds them as [b, b] products (the
-    executed count), which at LaCT's b = 2048 would be 94% of the count.
+    ``executed``: False gives the model count (the dual form's count is the same for both; the
+    gate coefficients of a memory without momentum or decay are counted as the engine forms them:
+    without both, as LaCT and TTT, C[i, s] = theta_s for s <= i, a masked row of the gates, no
+    matmul).
 
     Returns:
       FLOPs (float).
@@ -249,9 +259,9 @@ def memory_chunk_flops(mcfg: MemoryConfig, b: int | None = None, read: str | Non
             f += 2 * b * w * d + 2 * b * b * d            # S_t = ... - M @ d, P_t = ... + C @ S
         else:
             f += (2 * b * w * d if read == "after_write" else 0) + 4 * w * d
-    if executed or mcfg.use_momentum or mcfg.use_decay:
-        f += _coefficient_flops(b, log_keep=log_keep, newton_schulz=bool(ns),
-                                reset_row=traced_resets and not to_target)
+    f += _coefficient_flops(b, log_keep=log_keep, newton_schulz=bool(ns),
+                            reset_row=traced_resets and not to_target,
+                            momentum=mcfg.use_momentum, decay=mcfg.use_decay)
     if c > 1:                                             # rows C @ Wmask over the extended set
         if ns:
             f += 2 * b * b * w                            # M (the momentum's rows)

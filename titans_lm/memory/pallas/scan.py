@@ -203,7 +203,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 state_length=None, inside_starts=None, decay_target: str = "zero",
                 ns_steps: int = 0, ns_gradient: str = "exact", fast_weight_norm: bool = False,
                 omega_window: int = 1, gamma=None, omega_tail=None,
-                surprise_max_norm: float = 0.0):
+                surprise_max_norm: float = 0.0, no_momentum: bool = False,
+                no_decay: bool = False):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -236,6 +237,9 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         omega_window > 1 runs ``chunked`` (logged once).
       surprise_max_norm: as memory_scan's (the guard); the kernel does not clip, so a value
         > 0 runs ``chunked`` (logged once).
+      no_momentum, no_decay: eta, resp. alpha, is 0 at every token (memory_scan's None gates):
+        the kernel takes the arrays of zeros it receives; ``chunked``, where it runs, skips the
+        products of those gates.
     Returns:
       (reads [T, d_v], (params_T, momentum_T)) in the inputs' dtype.
     Raises:
@@ -254,7 +258,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             ns_steps=ns_steps, ns_gradient=ns_gradient,
                             fast_weight_norm=fast_weight_norm,
                             omega_window=omega_window, gamma=gamma, omega_tail=omega_tail,
-                            surprise_max_norm=surprise_max_norm)
+                            surprise_max_norm=surprise_max_norm, no_momentum=no_momentum,
+                            no_decay=no_decay)
 
     # rules the kernel does not implement: the first that applies is logged, chunked runs
     unsupported = (
@@ -282,7 +287,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
         return chunked_scan(p0, m0, k_, v_, q_, th, et, al, rs, model=model, chunk_size=chunk_size,
                             read=read, reset_to=r0, chunks_per_checkpoint=chunks_per_checkpoint,
-                            running_mean=running_mean, log_keep=lk, inside_starts=True)
+                            running_mean=running_mean, log_keep=lk, inside_starts=True,
+                            no_momentum=no_momentum, no_decay=no_decay)
 
     def kernel(operands):
         p0, m0, k_, v_, q_, th, et, al, rs, r0, lk = operands
@@ -313,16 +319,17 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
               decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
               fast_weight_norm: bool = False, omega_window: int = 1, gamma=None, omega_tail=None,
-              surprise_max_norm: float = 0.0, **pallas_options):
+              surprise_max_norm: float = 0.0, no_momentum: bool = False, no_decay: bool = False,
+              **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
     ``inside_starts``, ``decay_target``, ``ns_steps``, ``ns_gradient``, ``fast_weight_norm``,
-    the Omega rule's ``omega_window``, ``gamma``, ``omega_tail`` and ``surprise_max_norm`` as
-    :func:`pallas_scan`'s.
+    the Omega rule's ``omega_window``, ``gamma``, ``omega_tail``, ``surprise_max_norm``,
+    ``no_momentum`` and ``no_decay`` as :func:`pallas_scan`'s.
     """
     rules = dict(omega_window=omega_window, gamma=gamma, omega_tail=omega_tail,
-                 surprise_max_norm=surprise_max_norm)
+                 surprise_max_norm=surprise_max_norm, no_momentum=no_momentum, no_decay=no_decay)
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
                            chunk_size=chunk_size, read=read, reset_to=reset_to,
