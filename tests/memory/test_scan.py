@@ -262,8 +262,8 @@ def test_gates_out_of_range_raise_outside_jit(impl):
             call(*args)
     with pytest.raises(ValueError, match=r"log_keep must be <= 0"):
         call(theta, eta, None, log_keep=jnp.full(6, 0.1))
-    with pytest.raises(ValueError, match="alpha may be None only when log_keep"):
-        call(theta, eta, None)
+    with pytest.raises(ValueError, match=r"theta must be >= 0"):   # with constant gates too
+        call(theta.at[2].set(-0.1), None, None)
     # Edges are in range: theta = 0, eta and alpha exactly 0 and 1, log_keep = -inf.
     edge = call(theta.at[0].set(0.0), eta.at[1].set(1.0).at[2].set(0.0),
                 alpha.at[3].set(1.0).at[4].set(0.0))[0]
