@@ -37,7 +37,8 @@ targets: met or missed, with the numbers), ``<out>/suite.json`` (every unit's re
 aggregate) and ``<out>/suite.png`` (the S-NIAH and MQAR accuracies as a heat map).
 Wall time on the project's 2-core CPU, one core per run, the other busy (measured): books 16-20
 min (a reused training run: 4-6), ablation 1, niah 13-15 (LMM, MAG; the SWA control 4.5), mqar
-about 60 (the LMM's two stages at docs/results/mqar.md's budget) per backbone and seed.
+27-44 (the LMM's two stages; docs/results/memory-suite.md#mqar-with-the-shipped-lmm-two-seeds) per
+backbone and seed.
 """
 
 from __future__ import annotations
