@@ -8,7 +8,8 @@
   grid, resumable, its metrics read back);
 - the benchmark targets of ``scripts/benchmark.py`` (:mod:`~titans_lm.bench.engine`,
   :mod:`~titans_lm.bench.pallas`, :mod:`~titans_lm.bench.streaming`) and the probes of
-  ``scripts/probe.py`` (:mod:`~titans_lm.bench.write_probe`, :mod:`~titans_lm.bench.recall_probe`).
+  ``scripts/probe.py`` (:mod:`~titans_lm.bench.write_probe`, :mod:`~titans_lm.bench.recall_probe`,
+  :mod:`~titans_lm.bench.gate_probe`).
 
 Nothing in training, evaluation or generation imports this package.
 """
