@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 
@@ -38,11 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from titans_lm.eval.restore import load_run
-from titans_lm.eval.tasks import eval_batches_for
+from titans_lm.bench.recall_probe import main_over_runs, mqar_run
 from titans_lm.memory.layer import NeuralMemory
-from titans_lm.train.checkpoint import CheckpointError
-from titans_lm.train.state import init_params
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -106,15 +102,8 @@ def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int,
       ValueError: a run not trained on MQAR.
       titans_lm.train.checkpoint.CheckpointError: no usable checkpoint.
     """
-    run = load_run(workdir, log=lambda m: print(m, file=sys.stderr))
-    cfg = run.cfg
-    if cfg.data.get("task", "") != "mqar":
-        raise ValueError(f"{workdir}: not an MQAR run (data.task is {cfg.data.get('task', '')!r})")
-    tokens = jnp.asarray(eval_batches_for(cfg, {"length": length, "pairs": pairs},
-                                          n_examples=rows, batch_size=rows)[0]["tokens"][:, :-1])
-    states = [("trained", run.params, run.step)]
-    if init:
-        states.append(("init", init_params(cfg.model, int(cfg.train.seed)), 0))
+    run, batch, states = mqar_run(workdir, length=length, pairs=pairs, rows=rows, init=init)
+    tokens = jnp.asarray(batch["tokens"][:, :-1])
     out = []
     for name, params, step in states:
         sink: list = []
@@ -124,7 +113,7 @@ def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int,
             jax.block_until_ready(logits)
             jax.effects_barrier()
         for call, s in enumerate(sink):
-            out.append({"run": str(workdir), "model": cfg.model.name, "state": name, "step": step,
+            out.append({"run": str(workdir), "model": run.cfg.model.name, "state": name, "step": step,
                         "call": call, **s})
     return out
 
@@ -142,19 +131,10 @@ def format_table(records: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    records = []
-    for wd in args.runs:
-        try:
-            recs = probe_run(wd, length=args.length, pairs=args.pairs, rows=args.rows,
-                             init=args.init)
-        except (ValueError, OSError, CheckpointError) as e:
-            print(f"gate_probe: {e}", file=sys.stderr)
-            return 2
-        for r in recs:
-            print(json.dumps(r), flush=True)
-        records += recs
-    print(format_table(records))
-    return 0
+    return main_over_runs(
+        "gate_probe", args.runs,
+        lambda wd: probe_run(wd, length=args.length, pairs=args.pairs, rows=args.rows,
+                             init=args.init), format_table)
 
 
 if __name__ == "__main__":

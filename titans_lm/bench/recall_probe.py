@@ -86,6 +86,44 @@ def write_key_cosine(apply, params, tokens, chunk_size: int) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def mqar_run(workdir: str | Path, *, length: int, pairs: int, rows: int, init: bool):
+    """An MQAR run, one batch of its held-out rows at ``length`` with ``pairs`` pairs, and the
+    parameter states to probe: ``[(name, params, step)]``, the checkpoint ("trained") and, with
+    ``init``, the parameters the run started from ("init").
+
+    Raises:
+      ValueError: a run not trained on MQAR.
+      titans_lm.train.checkpoint.CheckpointError: no usable checkpoint.
+    """
+    run = load_run(workdir, log=lambda m: print(m, file=sys.stderr))
+    cfg = run.cfg
+    if cfg.data.get("task", "") != "mqar":
+        raise ValueError(f"{workdir}: not an MQAR run (data.task is {cfg.data.get('task', '')!r})")
+    batch = eval_batches_for(cfg, {"length": length, "pairs": pairs}, n_examples=rows,
+                             batch_size=rows)[0]
+    states = [("trained", run.params, run.step)]
+    if init:
+        states.append(("init", init_params(cfg.model, int(cfg.train.seed)), 0))
+    return run, batch, states
+
+
+def main_over_runs(prog: str, runs, probe, table) -> int:
+    """Each run's records from ``probe(workdir)`` as JSON lines, then ``table(records)``; a bad
+    run is one line ``prog: message`` on stderr and exit status 2."""
+    records = []
+    for wd in runs:
+        try:
+            recs = probe(wd)
+        except (ValueError, OSError, CheckpointError) as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return 2
+        for r in recs:
+            print(json.dumps(r), flush=True)
+        records += recs
+    print(table(records))
+    return 0
+
+
 def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_distance: int,
               init: bool) -> list[dict]:
     """Records for the run's checkpoint (``state`` "trained") and, with ``init``, its initial
@@ -95,18 +133,9 @@ def probe_run(workdir: str | Path, *, length: int, pairs: int, rows: int, min_di
       ValueError: a run not trained on MQAR.
       titans_lm.train.checkpoint.CheckpointError: no usable checkpoint.
     """
-
-
-    run = load_run(workdir, log=lambda m: print(m, file=sys.stderr))
+    run, batch, states = mqar_run(workdir, length=length, pairs=pairs, rows=rows, init=init)
     cfg = run.cfg
-    if cfg.data.get("task", "") != "mqar":
-        raise ValueError(f"{workdir}: not an MQAR run (data.task is {cfg.data.get('task', '')!r})")
-    batches = eval_batches_for(cfg, {"length": length, "pairs": pairs}, n_examples=rows,
-                               batch_size=rows)
-    tokens, mask = batches[0]["tokens"], batches[0]["loss_mask"]
-    states = [("trained", run.params, run.step)]
-    if init:
-        states.append(("init", init_params(cfg.model, int(cfg.train.seed)), 0))
+    tokens, mask = batch["tokens"], batch["loss_mask"]
     def logits(p, x):  # the stateless call: from the initial state, the state dropped
         return run.fns.apply(p, x, jnp.ones_like(x), run.fns.init_state(p, x.shape[0]))[0]
     apply = jax.jit(logits)  # compiled once
@@ -139,19 +168,10 @@ def format_table(records: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    records = []
-    for wd in args.runs:
-        try:
-            recs = probe_run(wd, length=args.length, pairs=args.pairs, rows=args.rows,
-                             min_distance=args.min_distance, init=args.init)
-        except (ValueError, OSError, CheckpointError) as e:
-            print(f"recall_probe: {e}", file=sys.stderr)
-            return 2
-        for r in recs:
-            print(json.dumps(r), flush=True)
-        records += recs
-    print(format_table(records))
-    return 0
+    return main_over_runs(
+        "recall_probe", args.runs,
+        lambda wd: probe_run(wd, length=args.length, pairs=args.pairs, rows=args.rows,
+                             min_distance=args.min_distance, init=args.init), format_table)
 
 
 if __name__ == "__main__":
