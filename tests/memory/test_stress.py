@@ -15,11 +15,12 @@ tokens of adversarial input (docs/design.md#stable-range), in float32 as trained
   theta times a matrix of unit singular values whatever the input, so the decay toward W0
   bounds it after ~1 / alpha tokens as it does the LMM's;
 - the band: a memory with a learned W0 keeps ||P_t|| within [1/2, 2] x ||P_init||, or within
-  [1/2, 6] x ||P_init|| under the surprise guard with a raised bound (the LMM's: theta up to
-  0.1, each write at most 1 in norm; measured up to 4.6, depth 4, the same token); the Titans
-  presets decay toward P_init (``decay_target``); one that starts at zero reads at most 2
-  (unit values; the delta rule fits them); linear attention's normalised read is a convex
-  combination of the values, so at most 1.
+  [1/2, 60 theta_max] x ||P_init|| under the surprise guard with a raised bound (each write at
+  most 10 theta_max in norm, so how far the state strays from W0 grows with the bound; measured
+  on the same token repeated: up to 4.6 at theta_max 0.1, depth 4, and 14.4 at 0.3, the LMM's,
+  depth 3); the Titans presets decay toward P_init (``decay_target``); one that starts at zero
+  reads at most 2 (unit values; the delta rule fits them); linear attention's normalised read is
+  a convex combination of the values, so at most 1.
 """
 
 import dataclasses
@@ -116,6 +117,6 @@ def test_a_preset_stays_in_its_band_over_64k_adversarial_tokens(name, depth):
             assert float(jnp.max(jnp.linalg.norm(y, axis=-1))) <= 1 + 1e-4, kind
         elif m.learned_w0:
             ratio = norm(P) / norm(W0)
-            assert 0.5 <= ratio <= (6 if m.surprise_max_norm else 2), (kind, ratio)
+            assert 0.5 <= ratio <= (60 * m.theta_max if m.surprise_max_norm else 2), (kind, ratio)
         else:
             assert float(jnp.max(jnp.linalg.norm(reads, axis=-1))) <= 2, kind
