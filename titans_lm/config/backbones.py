@@ -115,6 +115,9 @@ TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_a
                      theta_max=0.0005,
                      eta_max=0.9, theta_bias_init=0.0, decay_target="initial")
 RAISED_WRITE = dict(theta_max=0.3, surprise_max_norm=1.0, theta_bias_init=-math.log(5.0))
+# What RAISED_WRITE changes, at the Titans preset's values (a variant that keeps the preset's
+# write takes this, so a field added to RAISED_WRITE is undone with the others).
+PRESET_WRITE = {k: TITANS_MEMORY.get(k, 0.0) for k in RAISED_WRITE}
 
 
 # MIRAS' attentional biases and Atlas' feature map as memory overrides that any memory backbone
@@ -129,11 +132,11 @@ MEMORY_VARIANTS = {
     "poly": dict(feature_map="poly", feature_degree=2),   # Atlas' polynomial keys and queries
     # Atlas' write (arXiv:2505.23735): the Omega rule over 16 tokens (rkstgr/atlas-jax's window),
     # Muon (5 Newton-Schulz steps) on the momentum, polynomial keys of degree 2 (configs/atlas.py);
-    # its step is theta times a matrix of unit singular values, so it keeps theta_max 5e-4 and its
-    # midpoint start and no surprise clip (Muon's map discards the gradient's scale): not tuned
-    # for the Muon write
+    # its step is theta times a matrix of unit singular values, so it keeps the preset's write
+    # (theta_max 5e-4 from its midpoint, no surprise clip: Muon's map discards the gradient's
+    # scale): not tuned for the Muon write
     "atlas": dict(omega_window=16, ns_steps=5, feature_map="poly", feature_degree=2,
-                  theta_max=0.0005, theta_bias_init=0.0, surprise_max_norm=0.0),
+                  **PRESET_WRITE),
 }
 
 
