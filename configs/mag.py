@@ -36,5 +36,6 @@ def get_config(size: str = "tiny"):
     c = titans_config("mag", size, _PAPER)
     c.model.memory_layers = "all"
     c.model.combine = "gate"
+    c.model.memory_ablation = "none"  # an evaluation probe (titans_lm.models.mag)
     c.model.window = 64 if c.model.size == "tiny" else 1024
     return c

@@ -32,5 +32,6 @@ def get_config(size: str = "tiny"):
     """
     c = titans_config("mal", size, _PAPER)
     c.model.memory_layers = "all"
+    c.model.memory_ablation = "none"  # an evaluation probe (titans_lm.models.mal)
     c.model.window = 64 if c.model.size == "tiny" else 1024
     return c

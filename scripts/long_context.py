@@ -24,9 +24,10 @@ them), so MAC's attention never reaches further back than the sliding window's w
 half as far on average. Each is asked to recall beyond its attention within the training length
 through its memory; Transformer++ keeps full attention.
 
-``--ablate`` (comma-separated values of MAC's ``model.memory_ablation``: retrieval, gated_read,
-both) scores every MAC run again with that path of its memory zeroed (an eval-time override; the
-memory is still written and carried): the same settings and contexts, plus the mean NLL of the
+``--ablate`` (comma-separated values of ``model.memory_ablation``: MAC's retrieval, gated_read,
+both; MAG's gated_read; MAL's read) scores every MAC, MAG and MAL run again with each of those its
+backbone takes, that read of its memory zeroed (an eval-time override; the memory is still
+written and carried): the same settings and contexts, plus the mean NLL of the
 answer tokens at the training length (``titans_lm.eval.tasks.answer_loss``) with and without the
 ablation. One more table: exact match and answer loss per ablation.
 
@@ -48,6 +49,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from titans_lm.config.fields import MEMORY_ABLATIONS  # noqa: E402
 from titans_lm.bench import sweep  # noqa: E402
 from titans_lm.bench.output import write_json  # noqa: E402
 from titans_lm.train.plot import heat_map  # noqa: E402
@@ -90,8 +92,9 @@ def parser() -> argparse.ArgumentParser:
                    help="MAC's segment length (model.segment_len), a multiple of its memory's "
                         "chunk size (default: the config's)")
     p.add_argument("--ablate", default="", type=ablations,
-                   help="comma-separated MAC memory ablations to score each MAC run with "
-                        "(retrieval, gated_read, both; default: none)")
+                   help="comma-separated memory ablations to score each MAC, MAG and MAL run "
+                        "with, those its backbone takes (MAC: retrieval, gated_read, both; MAG: "
+                        "gated_read; MAL: read; default: none)")
     p.add_argument("--max_length", type=int, default=None,
                    help="skip longer eval settings (default: none skipped)")
     p.add_argument("--eval_examples", type=int, default=None,
@@ -120,12 +123,12 @@ def contexts(text: str) -> tuple[str, ...]:
     return names
 
 
-ABLATIONS = ("retrieval", "gated_read", "both")
+ABLATIONS = tuple(a for a in dict.fromkeys(sum(MEMORY_ABLATIONS.values(), ())) if a != "none")
 
 
 def ablations(text: str) -> tuple[str, ...]:
-    """Parses ``--ablate``: comma-separated values of MAC's ``model.memory_ablation`` (not
-    "none", which every run is scored with anyway).
+    """Parses ``--ablate``: comma-separated values of ``model.memory_ablation`` (not "none",
+    which every run is scored with anyway).
 
     Raises:
       argparse.ArgumentTypeError: an unknown name.
@@ -268,9 +271,10 @@ def main(argv=None) -> int:
                     workdir, context=args.context, max_length=args.max_length,
                     log=lambda m: print(m, file=sys.stderr, flush=True))
                 row["params"] = count_params(workdir)
-                if args.ablate and backbone == "mac":
-                    row["ablations"] = score_ablations(workdir, args, evaluate_task, answer_loss,
-                                                       row["records"])
+                takes = [a for a in args.ablate if a in MEMORY_ABLATIONS.get(backbone, ())]
+                if takes:
+                    row["ablations"] = score_ablations(workdir, takes, args, evaluate_task,
+                                                       answer_loss, row["records"])
             except ValueError as e:
                 row["status"] = f"eval failed: {e}"
         return row
@@ -283,12 +287,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def score_ablations(workdir: Path, args, evaluate_task, answer_loss, records: list[dict]
-                    ) -> dict[str, dict]:
-    """{"none" and each of ``args.ablate``: {"records", "answer_loss"}} of one MAC run."""
+def score_ablations(workdir: Path, takes: list[str], args, evaluate_task, answer_loss,
+                    records: list[dict]) -> dict[str, dict]:
+    """{"none" and each of ``takes``: {"records", "answer_loss"}} of one MAC, MAG or MAL run."""
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     out = {"none": {"records": records, "answer_loss": answer_loss(workdir)["answer_loss"]}}
-    for a in args.ablate:
+    for a in takes:
         o = {"model.memory_ablation": a}
         out[a] = {"records": evaluate_task(workdir, context=args.context,
                                            max_length=args.max_length, log=log, overrides=o),

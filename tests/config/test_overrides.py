@@ -27,6 +27,21 @@ def test_split_and_apply_overrides():
         split_overrides(["--config.x"])
 
 
+def test_a_field_added_after_the_checkpoint_takes_its_old_meaning_first():
+    """A MAG checkpoint written before MAG read ``model.memory_ablation``: the override applies
+    (the absent field meant "none"); a backbone that does not read the field still refuses it."""
+    saved = tiny_config("/c")
+    saved.model.name = "mag"
+    assert "memory_ablation" not in saved.model
+    cfg = apply_eval_overrides(saved, {"model.memory_ablation": "gated_read"})
+    assert cfg.model.memory_ablation == "gated_read" and "memory_ablation" not in saved.model
+    assert result_suffix({"model.memory_ablation": "gated_read"}, saved) == \
+        "_memory_ablation-gated_read"
+    saved.model.name = "transformer"
+    with pytest.raises(ValueError, match="has no such field"):
+        apply_eval_overrides(saved, {"model.memory_ablation": "gated_read"})
+
+
 def test_warmup_warning():
     cfg = tiny_config("/c")
     cfg.optim.warmup_steps = 80

@@ -1,11 +1,14 @@
 """Titans MAL backbone: the memory as a residual layer, then sliding-window attention."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from _backbones import build, forward_mixer, load_config, mixer_input, run_probe, small_model_cfg
 from titans_lm.models.mal import MALMixer
 from titans_lm.nn.attention import Attention
+from titans_lm.nn.stream import fresh_stream_state, make_stream
 
 NP = 3
 
@@ -40,3 +43,22 @@ def test_config():
     assert cfg.window == 64 and cfg.n_persistent == 4 and cfg.memory_layers == "all"
     assert abs(float(np.asarray(build(small_model_cfg("mal", "float32", n_layers=4))
                                 .blocks[0].mixer.memory.w_out[...]).std()) - 0.02 / np.sqrt(8)) < 0.004
+
+
+def test_the_read_ablation_leaves_the_attention_alone_and_keeps_writing():
+    """memory_ablation="read" (an evaluation probe): o = SWA(x), the memory's parameters as
+    trained, and its memory's state after the call is the unablated layer's (the memory is still
+    written; the attention's cache holds x instead of x + m)."""
+    mixer = build(small_model_cfg("mal", "float32", n_layers=1, memory_ablation="read")).blocks[0].mixer
+    x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
+    np.testing.assert_allclose(np.asarray(forward_mixer(mixer, x, ids)),
+                               np.asarray(forward_mixer(mixer.attention, x, ids)), rtol=1e-6, atol=1e-7)
+    plain = build(small_model_cfg("mal", "float32", n_layers=1)).blocks[0].mixer
+    xs = jax.random.normal(jax.random.key(3), (2, 16, 32), jnp.float32)
+    stream, _ = make_stream(jnp.ones((2, 16), jnp.int32), fresh_stream_state(2), fresh=True)
+    (o_a, s_a), (o_p, s_p) = (m(xs, stream, m.init_state(2)) for m in (mixer, plain))
+    assert float(jnp.abs(o_a - o_p).max()) > 1e-4
+    for a, p in zip(jax.tree.leaves(s_a[0]), jax.tree.leaves(s_p[0])):  # the memory's state
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(p))
+    with pytest.raises(ValueError, match="MAL memory_ablation='gated_read': must be one of none, read"):
+        build(small_model_cfg("mal", "float32", n_layers=1, memory_ablation="gated_read"))

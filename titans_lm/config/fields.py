@@ -36,6 +36,11 @@ BACKBONES = TRANSFORMER + MEMORY_BACKBONES
 ATTENTION = TRANSFORMER + ("mac", "mag", "mal")  # backbones with attention layers
 TASKS = ("mqar", "niah") + MAD_TASKS
 
+# model.memory_ablation's values per backbone: the evaluation probes that zero a read of the memory
+# (titans_lm.models.mac, .mag and .mal describe each).
+MEMORY_ABLATIONS = {"mac": ("none", "retrieval", "gated_read", "both"),
+                    "mag": ("none", "gated_read"), "mal": ("none", "read")}
+
 # Fields that the shared shell (``titans_lm.config.presets.set_shell``) sets in every config, also
 # for backbones that do not read them: a backbone without attention keeps the RoPE base unread.
 UNUSED_ALLOWED = {"model.rope_theta": 10_000.0}
@@ -192,11 +197,14 @@ FIELDS: dict[str, Field] = {
                              "attention output y) or 'segment_input' (a deviation: written with "
                              "the segment input x and read with x; docs/design.md).",
                              _one_of("attention_output", "segment_input"), ("mac",)),
-    "model.memory_ablation": _f("Evaluation switch that zeroes a path of MAC's memory: 'none', "
-                                "'retrieval' (the retrieved h tokens), 'gated_read' (the read "
-                                "M*(.) in the output gate) or 'both'; the memory is still "
-                                "written. Overridable at eval time.",
-                                _one_of("none", "retrieval", "gated_read", "both"), ("mac",)),
+    "model.memory_ablation": _f("Evaluation switch that zeroes a path of the memory: 'none'; "
+                                "MAC: 'retrieval' (the retrieved h tokens), 'gated_read' (the "
+                                "read M*(.) in the output gate) or 'both'; MAG: 'gated_read' "
+                                "(the read m in the gate, which becomes 1/2); MAL: 'read' (the "
+                                "memory layer's output). The memory is still written. "
+                                "Overridable at eval time.",
+                                _one_of(*dict.fromkeys(sum(MEMORY_ABLATIONS.values(), ()))),
+                                tuple(MEMORY_ABLATIONS)),
     # model.memory: the NeuralMemory layer (titans_lm.memory.config.MemoryConfig)
     "model.memory.n_heads": _f("Memory heads (0 = d_model / head_dim).", NON_NEGATIVE,
                                MEMORY_BACKBONES),

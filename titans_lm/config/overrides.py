@@ -17,6 +17,9 @@ from typing import Any
 
 import ml_collections
 
+from titans_lm.config.compat import ABSENT_MEANS
+from titans_lm.config.fields import FIELDS
+
 # Fields ``eval`` may change, and why they are safe: none changes a parameter's shape or value.
 EVAL_OVERRIDABLE = (
     "data.seq_len",  # score in longer (or shorter) windows than training: long-context evaluation
@@ -25,7 +28,7 @@ EVAL_OVERRIDABLE = (
     "model.remat",
     "model.memory.impl",  # engine implementation: chunked | reference | pallas (same math)
     "model.memory.chunks_per_checkpoint",
-    "model.memory_ablation",  # MAC: zero the retrieval h and/or the gated read (an ablation probe)
+    "model.memory_ablation",  # MAC, MAG, MAL: zero a read of the memory (an ablation probe)
     "eval.batch_size", "eval.max_docs",
     "mesh.data", "mesh.fsdp", "mesh.tensor",
 )
@@ -75,14 +78,29 @@ def _get(cfg: Mapping[str, Any], field: str) -> Any:
     return node
 
 
+def _absent_value(cfg: ml_collections.ConfigDict, field: str) -> Any:
+    """What ``field`` meant in a checkpoint written before the field existed
+    (:data:`titans_lm.config.compat.ABSENT_MEANS`), when the checkpoint's backbone reads it.
+
+    Raises:
+      ValueError: the field is not one of those (the checkpoint's config has no such field).
+    """
+    name = cfg.model.get("name")
+    used_by = FIELDS[field].used_by if field in FIELDS else ()
+    if field in ABSENT_MEANS and (not used_by or name in used_by):
+        return ABSENT_MEANS[field]
+    raise ValueError(f"--config.{field}: the checkpoint's config has no such field (model {name})")
+
+
 def apply_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Mapping[str, str]
                          ) -> ml_collections.ConfigDict:
     """The checkpoint's config with the eval-time overrides applied (a copy).
 
     Raises:
       ValueError: an override of a field ``eval`` cannot change (naming every such field and
-        listing those it can), of a field the checkpoint's config does not have, or a value of
-        the wrong type.
+        listing those it can), of a field the checkpoint's config does not have (a field added
+        after the checkpoint was written and read by its backbone takes its
+        :data:`~titans_lm.config.compat.ABSENT_MEANS` value first), or a value of the wrong type.
     """
     refused = [f for f in overrides if f not in EVAL_OVERRIDABLE]
     if refused:
@@ -95,8 +113,7 @@ def apply_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Mapping[str,
         try:
             current = _get(out, field)
         except KeyError:
-            raise ValueError(f"--config.{field}: the checkpoint's config has no such field "
-                             f"(model {cfg.model.get('name')})") from None
+            current = _absent_value(out, field)
         *parents, leaf = field.split(".")
         node = out
         for p in parents:
@@ -108,7 +125,7 @@ def apply_eval_overrides(cfg: ml_collections.ConfigDict, overrides: Mapping[str,
 def result_suffix(overrides: Mapping[str, str], saved: ml_collections.ConfigDict) -> str:
     """The part of an eval result's name that tells the overrides that change the scores apart:
     ``""`` when none differs from the checkpoint's ``saved`` config, else e.g. ``"_seq_len1024"``
-    or ``"_seq_len1024_dtype-bfloat16"`` (``"_memory_ablation-retrieval"`` for a MAC ablation)."""
+    or ``"_seq_len1024_dtype-bfloat16"`` (``"_memory_ablation-retrieval"`` for a memory ablation)."""
     parts = []
     for field in ("data.seq_len", "model.dtype", "model.memory.impl", "model.memory_ablation"):
         if field not in overrides:

@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from titans_lm.config.fields import MEMORY_ABLATIONS as FIELD_ABLATIONS
 from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.carried import select_rows
 from titans_lm.memory.layer import NeuralMemory
@@ -81,7 +82,7 @@ from titans_lm.nn.init import scaled_out_std
 
 MAC_FIELDS = ("n_heads", "rope_theta", "segment_len", "n_persistent", "memory_layers", "memory")
 MEMORY_INPUTS = ("attention_output", "segment_input")
-MEMORY_ABLATIONS = ("none", "retrieval", "gated_read", "both")
+MEMORY_ABLATIONS = FIELD_ABLATIONS["mac"]  # ("none", "retrieval", "gated_read", "both")
 
 
 def _pad_time(a: jax.Array, total: int) -> jax.Array:

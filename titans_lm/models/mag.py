@@ -17,9 +17,16 @@ the window's KV cache and the memory's carried state (``titans_lm.memory.layer.N
 Layers listed by ``memory_layers`` ("all" by default) are MAG layers; the others are plain
 sliding-window attention with the same window.
 
+Ablation switch for evaluation (``memory_ablation``, :data:`MAG_ABLATIONS`; changes no parameter):
+``"gated_read"`` replaces the memory's read m by zeros, so the gate becomes the constant
+sigmoid(0) = 1/2 (with ``combine="sum"``: o = y); the memory is still written and carried, as
+MAC's switch of the same name does (``titans_lm.models.mac``). ``"none"`` (the default) runs the
+layer as described.
+
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads`` (attention heads),
 ``rope_theta``, ``window`` (sliding window in tokens; 0 = full causal attention), ``n_persistent``,
-``memory_layers``, optional ``combine`` ("gate", the default, or "sum") and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``); optional
+``memory_layers``, optional ``combine`` ("gate", the default, or "sum"), ``memory_ablation``
+(default "none") and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``); optional
 ``max_context`` (with window 0 only: full attention's KV cache, see ``titans_lm.models.transformer``).
 """
 
@@ -28,8 +35,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
+from titans_lm.config.fields import MEMORY_ABLATIONS
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
@@ -43,6 +52,7 @@ from titans_lm.nn.stream import Stream
 
 HYBRID_FIELDS = ("n_heads", "rope_theta", "window", "n_persistent", "memory_layers", "memory")
 COMBINES = ("gate", "sum")
+MAG_ABLATIONS = MEMORY_ABLATIONS["mag"]  # ("none", "gated_read")
 
 
 class HybridSettings(NamedTuple):
@@ -73,12 +83,21 @@ class MAGMixer(nnx.Module):
       attention: sliding-window ``Attention`` (attribute ``attention``).
       memory: ``NeuralMemory`` (attribute ``memory``).
       combine: ``GatedCombine``, or ``SumCombine`` with ``combine="sum"`` (attribute ``combine``).
+      ablation: one of :data:`MAG_ABLATIONS` (module docstring); "none" to run the layer.
 
     State: ``(attention_state, memory_state)``.
+
+    Raises:
+      ValueError: an ``ablation`` outside :data:`MAG_ABLATIONS`.
     """
 
-    def __init__(self, attention: Attention, memory: NeuralMemory, combine: GatedCombine):
+    def __init__(self, attention: Attention, memory: NeuralMemory, combine: GatedCombine, *,
+                 ablation: str = "none"):
+        if ablation not in MAG_ABLATIONS:
+            raise ValueError(f"MAG memory_ablation={ablation!r}: must be one of "
+                             f"{', '.join(MAG_ABLATIONS)}")
         self.attention, self.memory, self.combine = attention, memory, combine
+        self.ablation = ablation
 
     def init_state(self, batch_size: int) -> tuple:
         return self.attention.init_state(batch_size), self.memory.init_state(batch_size)
@@ -87,6 +106,8 @@ class MAGMixer(nnx.Module):
         attention_state, memory_state = state
         y, attention_state = self.attention(x_BTD, stream, attention_state)
         m, memory_state = self.memory(x_BTD, stream, memory_state)
+        if self.ablation == "gated_read":
+            m = jnp.zeros_like(m)
         return self.combine(y, m), (attention_state, memory_state)
 
     def reset_memory(self, state: tuple, rows_B: jax.Array) -> tuple:
@@ -145,17 +166,19 @@ def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     dtype = to_dtype(model_cfg.dtype)
     param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
     summed = mag_combine(model_cfg) == "sum"
+    ablation = str(model_cfg.get("memory_ablation", "none"))
 
     def make_mixer(layer: int, rngs: nnx.Rngs):
         if layer not in layers:
             return hybrid_attention(model_cfg, out_std, rngs=rngs)
         if summed:   # both output projections feed the residual stream: depth-scaled init
             return MAGMixer(hybrid_attention(model_cfg, out_std, rngs=rngs),
-                            make_memory(mcfg, rngs=rngs, out_init_std=out_std), SumCombine())
+                            make_memory(mcfg, rngs=rngs, out_init_std=out_std), SumCombine(),
+                            ablation=ablation)
         attention = hybrid_attention(model_cfg, model_cfg.init_std, rngs=rngs)
         memory = make_memory(mcfg, rngs=rngs)
         combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
                                param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-        return MAGMixer(attention, memory, combine)
+        return MAGMixer(attention, memory, combine, ablation=ablation)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)

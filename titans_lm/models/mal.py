@@ -13,15 +13,22 @@ keeps their keys/values). A MAL layer's state is (memory state, attention state)
 Layers listed by ``memory_layers`` ("all" by default) are MAL layers; the others are plain
 sliding-window attention with the same window.
 
+Ablation switch for evaluation (``memory_ablation``, :data:`MAL_ABLATIONS`; changes no parameter):
+``"read"`` replaces the memory layer's output m by zeros, so the attention sees y = x~; the memory
+is still written and carried. ``"none"`` (the default) runs the layer as described.
+
 Model config fields: as ``titans_lm.models.mag`` (``n_heads``, ``rope_theta``, ``window``,
-``n_persistent``, ``memory_layers``, ``memory`` and the shell fields).
+``n_persistent``, ``memory_layers``, ``memory`` and the shell fields), optional
+``memory_ablation`` (default "none").
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
+from titans_lm.config.fields import MEMORY_ABLATIONS
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel
 from titans_lm.models.mag import hybrid_attention, hybrid_settings
@@ -29,6 +36,8 @@ from titans_lm.models.memory_mixer import make_memory
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.stream import Stream
+
+MAL_ABLATIONS = MEMORY_ABLATIONS["mal"]  # ("none", "read")
 
 
 class MALMixer(nnx.Module):
@@ -38,12 +47,19 @@ class MALMixer(nnx.Module):
     Args:
       memory: ``NeuralMemory`` (attribute ``memory``).
       attention: sliding-window ``Attention`` (attribute ``attention``).
+      ablation: one of :data:`MAL_ABLATIONS` (module docstring); "none" to run the layer.
 
     State: ``(memory_state, attention_state)``.
+
+    Raises:
+      ValueError: an ``ablation`` outside :data:`MAL_ABLATIONS`.
     """
 
-    def __init__(self, memory: NeuralMemory, attention: Attention):
-        self.memory, self.attention = memory, attention
+    def __init__(self, memory: NeuralMemory, attention: Attention, *, ablation: str = "none"):
+        if ablation not in MAL_ABLATIONS:
+            raise ValueError(f"MAL memory_ablation={ablation!r}: must be one of "
+                             f"{', '.join(MAL_ABLATIONS)}")
+        self.memory, self.attention, self.ablation = memory, attention, ablation
 
     def init_state(self, batch_size: int) -> tuple:
         return self.memory.init_state(batch_size), self.attention.init_state(batch_size)
@@ -51,6 +67,8 @@ class MALMixer(nnx.Module):
     def __call__(self, x_BTD: jax.Array, stream: Stream, state: tuple) -> tuple[jax.Array, tuple]:
         memory_state, attention_state = state
         m, memory_state = self.memory(x_BTD, stream, memory_state)
+        if self.ablation == "read":
+            m = jnp.zeros_like(m)
         y = x_BTD + m.astype(x_BTD.dtype)
         o, attention_state = self.attention(y, stream, attention_state)
         return o, (memory_state, attention_state)
@@ -70,11 +88,13 @@ def build_mal(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
       ValueError: on missing fields or invalid sizes / memory settings.
     """
     mcfg, n_p, layers, out_std = hybrid_settings(model_cfg)
+    ablation = str(model_cfg.get("memory_ablation", "none"))
 
     def make_mixer(layer: int, rngs: nnx.Rngs):
         attention = hybrid_attention(model_cfg, out_std, rngs=rngs)
         if layer not in layers:
             return attention
-        return MALMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), attention)
+        return MALMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), attention,
+                        ablation=ablation)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)
