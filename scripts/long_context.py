@@ -49,7 +49,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from titans_lm.config.fields import MEMORY_ABLATIONS  # noqa: E402
+from titans_lm.config.fields import ALL_MEMORY_ABLATIONS, MEMORY_ABLATIONS  # noqa: E402
 from titans_lm.bench import sweep  # noqa: E402
 from titans_lm.bench.output import write_json  # noqa: E402
 from titans_lm.train.plot import heat_map  # noqa: E402
@@ -123,7 +123,7 @@ def contexts(text: str) -> tuple[str, ...]:
     return names
 
 
-ABLATIONS = tuple(a for a in dict.fromkeys(sum(MEMORY_ABLATIONS.values(), ())) if a != "none")
+ABLATIONS = tuple(a for a in ALL_MEMORY_ABLATIONS if a != "none")
 
 
 def ablations(text: str) -> tuple[str, ...]:

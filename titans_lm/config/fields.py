@@ -40,6 +40,19 @@ TASKS = ("mqar", "niah") + MAD_TASKS
 # (titans_lm.models.mac, .mag and .mal describe each).
 MEMORY_ABLATIONS = {"mac": ("none", "retrieval", "gated_read", "both"),
                     "mag": ("none", "gated_read"), "mal": ("none", "read")}
+ALL_MEMORY_ABLATIONS = tuple(dict.fromkeys(sum(MEMORY_ABLATIONS.values(), ())))
+
+
+def check_memory_ablation(backbone: str, ablation: str) -> str:
+    """``ablation`` when ``backbone`` (a key of :data:`MEMORY_ABLATIONS`) takes it.
+
+    Raises:
+      ValueError: naming the backbone's valid values.
+    """
+    if ablation not in MEMORY_ABLATIONS[backbone]:
+        raise ValueError(f"{backbone.upper()} memory_ablation={ablation!r}: must be one of "
+                         f"{', '.join(MEMORY_ABLATIONS[backbone])}")
+    return ablation
 
 # Fields that the shared shell (``titans_lm.config.presets.set_shell``) sets in every config, also
 # for backbones that do not read them: a backbone without attention keeps the RoPE base unread.
@@ -203,7 +216,7 @@ FIELDS: dict[str, Field] = {
                                 "(the read m in the gate, which becomes 1/2); MAL: 'read' (the "
                                 "memory layer's output). The memory is still written. "
                                 "Overridable at eval time.",
-                                _one_of(*dict.fromkeys(sum(MEMORY_ABLATIONS.values(), ()))),
+                                _one_of(*ALL_MEMORY_ABLATIONS),
                                 tuple(MEMORY_ABLATIONS)),
     # model.memory: the NeuralMemory layer (titans_lm.memory.config.MemoryConfig)
     "model.memory.n_heads": _f("Memory heads (0 = d_model / head_dim).", NON_NEGATIVE,

@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from titans_lm.config.fields import MEMORY_ABLATIONS as FIELD_ABLATIONS
+from titans_lm.config.fields import MEMORY_ABLATIONS as FIELD_ABLATIONS, check_memory_ablation
 from titans_lm.memory import stats as memory_stats
 from titans_lm.memory.carried import select_rows
 from titans_lm.memory.layer import NeuralMemory
@@ -209,12 +209,10 @@ class MACMixer(nnx.Module):
         if memory_input not in MEMORY_INPUTS:
             raise ValueError(f"MAC memory_input={memory_input!r}: must be one of "
                              f"{', '.join(MEMORY_INPUTS)}")
-        if ablation not in MEMORY_ABLATIONS:
-            raise ValueError(f"MAC memory_ablation={ablation!r}: must be one of "
-                             f"{', '.join(MEMORY_ABLATIONS)}")
         self.memory, self.attention, self.combine = memory, attention, combine
         self.segment_len = segment_len
-        self.memory_input, self.ablation = memory_input, ablation
+        self.memory_input = memory_input
+        self.ablation = check_memory_ablation("mac", ablation)
 
     def init_state(self, batch_size: int) -> MACState:
         """(W0, 0) at a segment start, no tokens of a segment yet, zero conv tails."""

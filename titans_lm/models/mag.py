@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from titans_lm.config.fields import MEMORY_ABLATIONS
+from titans_lm.config.fields import MEMORY_ABLATIONS, check_memory_ablation
 from titans_lm.memory.config import MemoryConfig
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel, check_model_config
@@ -93,11 +93,8 @@ class MAGMixer(nnx.Module):
 
     def __init__(self, attention: Attention, memory: NeuralMemory, combine: GatedCombine, *,
                  ablation: str = "none"):
-        if ablation not in MAG_ABLATIONS:
-            raise ValueError(f"MAG memory_ablation={ablation!r}: must be one of "
-                             f"{', '.join(MAG_ABLATIONS)}")
         self.attention, self.memory, self.combine = attention, memory, combine
-        self.ablation = ablation
+        self.ablation = check_memory_ablation("mag", ablation)
 
     def init_state(self, batch_size: int) -> tuple:
         return self.attention.init_state(batch_size), self.memory.init_state(batch_size)

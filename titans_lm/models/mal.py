@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from titans_lm.config.fields import MEMORY_ABLATIONS
+from titans_lm.config.fields import MEMORY_ABLATIONS, check_memory_ablation
 from titans_lm.memory.layer import NeuralMemory
 from titans_lm.models.lm import LanguageModel
 from titans_lm.models.mag import hybrid_attention, hybrid_settings
@@ -56,10 +56,8 @@ class MALMixer(nnx.Module):
     """
 
     def __init__(self, memory: NeuralMemory, attention: Attention, *, ablation: str = "none"):
-        if ablation not in MAL_ABLATIONS:
-            raise ValueError(f"MAL memory_ablation={ablation!r}: must be one of "
-                             f"{', '.join(MAL_ABLATIONS)}")
-        self.memory, self.attention, self.ablation = memory, attention, ablation
+        self.memory, self.attention = memory, attention
+        self.ablation = check_memory_ablation("mal", ablation)
 
     def init_state(self, batch_size: int) -> tuple:
         return self.memory.init_state(batch_size), self.attention.init_state(batch_size)
