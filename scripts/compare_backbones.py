@@ -59,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="steps averaged for the final train loss")
     p.add_argument("--out", default="runs/compare", help="directory of the runs and results")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   type=sweep.field_value,
                    help="extra config override for every run, e.g. --set=train.eval_batches=4")
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.seq_len < 1:
@@ -83,11 +84,7 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
                                else max(1, min(100, args.steps // 10)))
     if args.eval_max_docs:
         o["eval.max_docs"] = args.eval_max_docs
-    for item in args.set:
-        field, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects FIELD=VALUE, got {item!r}")
-        o[field] = value
+    o.update(args.set)
     return o
 
 

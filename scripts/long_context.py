@@ -101,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
                    help="rows per eval setting (default: the task config's)")
     p.add_argument("--out", default="runs/long_context", help="folder of the runs and tables")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   type=sweep.field_value,
                    help="extra override for every run, e.g. --set=task.train_pairs=(8,16)")
     return p
 
@@ -164,9 +165,7 @@ def overrides(args, backbone: str, task: str) -> dict[str, object]:
         o["data.vocab_size"] = args.vocab_size
     if args.eval_examples is not None:
         o["task.eval_examples"] = args.eval_examples
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        o[k] = v
+    o.update(args.set)
     return o
 
 

@@ -4,6 +4,7 @@
     python scripts/mad.py --backbones=mag,mal --seeds=0,1
     python scripts/mad.py --backbones=lmm --tasks=selective_copying --seeds=2
     python scripts/mad.py --protocol=full --backbones=transformer  # MAD's whole sweep (GPU days)
+    python scripts/mad.py --backbones=mag --set=model.combine=sum --name=mag-sum   # a variant
 
 Each point (backbone x task x setting x lr x weight decay x seed) trains ``titans-lm train
 --config=configs/tasks/mad.py:<task>-<backbone>`` in its own process (MAD's architecture and run,
@@ -12,6 +13,11 @@ evaluated in this process on the setting's test set (MAD's macro-averaged accura
 targets, ``titans_lm.eval.mad``) and its record is saved as ``result.json`` there. A rerun skips
 every point with a ``result.json`` and resumes an unfinished one from its checkpoint, so a killed
 sweep continues where it stopped.
+
+A variant: ``--set FIELD=VALUE`` (repeatable) overrides the backbone's config in every run;
+it needs ``--name`` (one backbone), the row and run folder ``<out>/<name>/...``, so the variant's
+runs sit beside the shipped backbone's in one table. A folder started with other overrides is
+refused (``sweep_overrides.json`` records them), never resumed or counted under the wrong row.
 
 Protocols (docs/mad.md):
 
@@ -41,7 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from titans_lm.bench import sweep  # noqa: E402
 from titans_lm.bench.mad import (PUBLISHED, REDUCED_LR, REDUCED_WD, Point,  # noqa: E402
-                                 format_table, plot_scores, point_overrides, points)
+                                 check_overrides, format_table, plot_scores, point_overrides,
+                                 points)
 from titans_lm.config.mad import PROTOCOL  # noqa: E402
 from titans_lm.bench.output import write_json  # noqa: E402
 from titans_lm.config.mad import MAD_TASKS  # noqa: E402
@@ -63,6 +70,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=50, help="reduced: optimiser steps per run")
     p.add_argument("--batch_size", type=int, default=16, help="reduced: rows per step")
     p.add_argument("--test_examples", type=int, default=128, help="reduced: test rows")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   type=sweep.field_value,
+                   help="config override for every run (needs --name), e.g. --set=model.combine=sum")
+    p.add_argument("--name", default="", help="the table row and run folder of a variant "
+                   "(one backbone; default: the backbone's name)")
     p.add_argument("--out", default="runs/mad", help="folder of the runs and the table")
     args = p.parse_args(argv)
     args.backbones, args.seeds = sweep.backbones_and_seeds(p, args.backbones, args.seeds,
@@ -73,6 +85,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--tasks: unknown {', '.join(bad)}; valid: {', '.join(MAD_TASKS)}")
     if not args.seeds or not args.backbones or not args.tasks:
         p.error("--backbones, --tasks and --seeds need at least one entry each")
+    if args.set and not args.name:
+        p.error("--set changes the model: give its runs a row and folder of their own with "
+                "--name (e.g. --name=mag-sum)")
+    if args.name and len(args.backbones) != 1:
+        p.error(f"--name labels one backbone's runs; got --backbones={','.join(args.backbones)}")
+    if args.name and ("/" in args.name or args.name in ("", ".", "..")):
+        p.error(f"--name={args.name!r}: must be a plain folder name")
+    args.set = dict(args.set)
     if min(args.steps, args.batch_size, args.test_examples) < 1:
         p.error("--steps, --batch_size and --test_examples must be positive")
     return args
@@ -81,6 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_point(point: Point, args, out: Path) -> dict:
     """Train and evaluate one point, or read its saved record."""
     workdir = out / point.workdir
+    check_overrides(workdir, args.set)
     done = workdir / "result.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -89,9 +110,11 @@ def run_point(point: Point, args, out: Path) -> dict:
     config = f"{REPO / 'configs' / 'tasks' / 'mad.py'}:{point.task}-{point.backbone}"
     overrides = point_overrides(point, args.protocol, steps=args.steps,
                                 batch_size=args.batch_size, test_examples=args.test_examples)
+    overrides.update(args.set)
     run = sweep.run_training(config, workdir, overrides, flags=["--noeval_after"],
                              log_path=workdir / "train.log", cwd=REPO)
-    rec = {**dataclasses.asdict(point), "model": point.backbone, "status": "ok"}
+    rec = {**dataclasses.asdict(point), "model": point.model, "overrides": args.set,
+           "status": "ok"}
     if not run.ok:
         return {**rec, "status": f"train failed: {run.last_line}", "mad_acc": 0.0}
     try:
@@ -118,10 +141,10 @@ def saved_records(out: Path, protocol: str) -> list[dict]:
 def write_results(out: Path, records: list[dict], tasks: list[str], protocol: str) -> str:
     """Writes the table, the JSON and the chart of ``records`` and the finished points saved
     under ``out``. Returns the markdown."""
-    seen = {(r["backbone"], r["task"], r["setting"], r["lr"], r["weight_decay"], r["seed"])
-            for r in records}
-    records = records + [r for r in saved_records(out, protocol) if (
-        r["backbone"], r["task"], r["setting"], r["lr"], r["weight_decay"], r["seed"]) not in seen]
+    def key(r):
+        return r["model"], r["task"], r["setting"], r["lr"], r["weight_decay"], r["seed"]
+    seen = {key(r) for r in records}
+    records = records + [r for r in saved_records(out, protocol) if key(r) not in seen]
     scores = mad_scores([r for r in records if r["status"] == "ok"], tasks=tasks)
     md = format_table(scores, tasks, protocol)
     (out / "results.md").write_text(md)
@@ -137,13 +160,17 @@ def main(argv=None) -> int:
     absl_logging.set_verbosity(absl_logging.ERROR)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    todo = points(args.backbones, args.tasks, args.seeds, args.protocol)
+    todo = points(args.backbones, args.tasks, args.seeds, args.protocol, args.name)
     print(f"MAD ({args.protocol}): {len(todo)} runs in {out}", file=sys.stderr, flush=True)
     records = []
     bar = Progress(len(todo), "MAD runs", unit="runs")
     for point in todo:
         print(f"[{point.workdir}] ...", file=sys.stderr, flush=True)
-        rec = run_point(point, args, out)
+        try:
+            rec = run_point(point, args, out)
+        except ValueError as e:   # a folder started with other --set overrides
+            print(f"mad.py: error: {e}", file=sys.stderr)
+            return 2
         records.append(rec)
         print(f"[{point.workdir}] {rec['status']}: MAD accuracy {100 * rec['mad_acc']:.1f}%"
               + (f" in {rec['wall_s']:.0f}s" if "wall_s" in rec else ""), file=sys.stderr,

@@ -84,6 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--task_eval_examples", type=int, default=None,
                    help="S-NIAH, MQAR: rows scored per setting (default: the task config's)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   type=sweep.field_value,
                    help="a config override for every training run (e.g. a memory preset to try)")
     p.add_argument("--out", default="runs/suite", help="folder of the units and the table")
     p.add_argument("--dry_run", action="store_true", help="print each unit's commands only")
@@ -107,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def commands(unit: suite.Unit, args, folder: Path) -> list[list[str]]:
     """The processes one unit runs, in order."""
     py, b, s = sys.executable, unit.backbone, unit.seed
-    sets = [f"--set={x}" for x in args.set]
+    sets = [f"--set={k}={v}" for k, v in args.set]
     run = Path(args.out).resolve() / "books" / f"{b}-s{s}" / b   # the books run's workdir
     docs = [f"--config.eval.max_docs={args.eval_max_docs}"] if args.eval_max_docs else []
     if unit.part == "books":

@@ -1,7 +1,8 @@
 import ml_collections
 import pytest
 
-from titans_lm.bench.mad import PUBLISHED, format_table, point_overrides, points
+from titans_lm.bench.mad import (OVERRIDES_FILE, PUBLISHED, check_overrides, format_table,
+                                 point_overrides, points)
 from titans_lm.config.loader import load
 from titans_lm.config.mad import MAD_TASKS
 from titans_lm.data.tasks import task_spec
@@ -43,3 +44,27 @@ def test_table_puts_the_published_rows_next_to_ours():
     for name, avg in PUBLISHED.items():
         assert f"| {name} | - | - | {avg:.2f} |" in md
     assert "arXiv:2505.23735" in md
+
+
+def test_a_named_variant_has_its_own_folder_and_row():
+    plain = points(["mag"], ["compression"], [0], "reduced")[0]
+    named = points(["mag"], ["compression"], [0], "reduced", name="mag-sum")[0]
+    assert (plain.model, named.model, named.backbone) == ("mag", "mag-sum", "mag")
+    assert named.workdir == plain.workdir.replace("mag/", "mag-sum/", 1)
+    with pytest.raises(ValueError, match="one backbone"):
+        points(["mag", "mal"], ["compression"], [0], "reduced", name="x")
+
+
+def test_a_folder_is_never_continued_under_other_overrides(tmp_path):
+    run = tmp_path / "mag-sum" / "compression"
+    check_overrides(run, {"model.combine": "sum"})           # first start records them
+    check_overrides(run, {"model.combine": "sum"})           # a resume with the same passes
+    with pytest.raises(ValueError, match="--set=model.combine=sum, this command asks for no --set"):
+        check_overrides(run, {})
+    old = tmp_path / "mag" / "compression"                    # a run from before the record
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="was run without --set"):
+        check_overrides(old, {"model.combine": "sum"})
+    check_overrides(old, {})                                   # the shipped model goes on
+    assert (old / OVERRIDES_FILE).read_text().strip() == "{}"

@@ -69,3 +69,11 @@ def test_compare_backbones_row_and_table(tmp_path):
     assert row["params"] == 1000
     assert "| transformer | 1,000 | 1.500 | 12.5 | - | 250 | 5s |" in compare.markdown_table(
         [row], args)
+
+
+def test_set_is_parsed_once_for_every_script(capsys):
+    args = compare.parse_args(["--set=model.memory.theta_max=0.3", "--set=task.train_pairs=(4,8)"])
+    assert args.set == [("model.memory.theta_max", "0.3"), ("task.train_pairs", "(4,8)")]
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--set=model.memory.theta_max"])
+    assert "expected FIELD=VALUE" in capsys.readouterr().err

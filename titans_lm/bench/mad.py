@@ -7,6 +7,7 @@ rows) and the bar chart. The protocol's facts are ``titans_lm.config.mad``; the 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -33,28 +34,70 @@ SHORT = {"in_context_recall": "ICR", "noisy_in_context_recall": "noisy ICR",
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """One run of the sweep."""
+    """One run of the sweep: ``backbone`` names its config (``configs/<backbone>.py``),
+    ``name`` (default: the backbone) its table row and run folder, e.g. a variant trained with
+    config overrides."""
     backbone: str
     task: str
     setting: str  # "baseline" or "field=value"
     lr: float
     weight_decay: float
     seed: int
+    name: str = ""
+
+    @property
+    def model(self) -> str:
+        """The table row: ``name``, else the backbone."""
+        return self.name or self.backbone
 
     @property
     def workdir(self) -> str:
-        """``<backbone>/<task>/<setting>/lr<lr>_wd<wd>_seed<seed>`` (relative to the output)."""
-        return (f"{self.backbone}/{self.task}/{self.setting}/"
+        """``<model>/<task>/<setting>/lr<lr>_wd<wd>_seed<seed>`` (relative to the output)."""
+        return (f"{self.model}/{self.task}/{self.setting}/"
                 f"lr{self.lr:g}_wd{self.weight_decay:g}_seed{self.seed}")
 
 
-def points(backbones: Sequence[str], tasks: Sequence[str], seeds: Sequence[int],
-           protocol: str) -> list[Point]:
-    """The sweep in run order: backbone, seed, task, setting, lr, weight decay.
+OVERRIDES_FILE = "sweep_overrides.json"
+
+
+def check_overrides(workdir: str | Path, overrides: Mapping[str, str]) -> None:
+    """Records a point's user overrides (``--set``) in ``<workdir>/sweep_overrides.json`` on its
+    first start; on a later start (a resume, or a finished point read back) they must be the same,
+    so a run is never continued or counted under another model's settings.
 
     Raises:
-      ValueError: an unknown task or protocol.
+      ValueError: the folder was started with other overrides (the message names both and the
+        fix: another ``--out`` or ``--name``).
     """
+    path = Path(workdir) / OVERRIDES_FILE
+    want = {str(k): str(v) for k, v in overrides.items()}
+    if path.is_file():
+        had = json.loads(path.read_text())
+        if had != want:
+            def show(o):
+                return " ".join(f"--set={k}={v}" for k, v in o.items()) or "no --set"
+            raise ValueError(f"{workdir} was run with {show(had)}, this command asks for "
+                             f"{show(want)}; give the variant its own --name or --out")
+        return
+    if path.parent.is_dir() and any(path.parent.iterdir()) and want:
+        raise ValueError(f"{workdir} was run without --set, this command asks for "
+                         + " ".join(f"--set={k}={v}" for k, v in want.items())
+                         + "; give the variant its own --name or --out")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(want, indent=1) + "\n")
+
+
+def points(backbones: Sequence[str], tasks: Sequence[str], seeds: Sequence[int],
+           protocol: str, name: str = "") -> list[Point]:
+    """The sweep in run order: backbone, seed, task, setting, lr, weight decay; ``name``: the
+    row and folder of every point (one backbone only).
+
+    Raises:
+      ValueError: an unknown task or protocol, or a ``name`` with several backbones.
+    """
+    if name and len(backbones) != 1:
+        raise ValueError(f"a name ({name!r}) labels one backbone's runs; got {len(backbones)} "
+                         "backbones")
     if protocol not in ("full", "reduced"):
         raise ValueError(f"unknown protocol {protocol!r}; valid: full, reduced")
     grid = ([(lr, wd) for lr in PROTOCOL["lrs"] for wd in PROTOCOL["weight_decays"]]
@@ -64,7 +107,7 @@ def points(backbones: Sequence[str], tasks: Sequence[str], seeds: Sequence[int],
         for seed in seeds:
             for task in tasks:
                 for s in mad_settings(task, only_baseline=protocol == "reduced"):
-                    out += [Point(b, task, s.label, lr, wd, seed) for lr, wd in grid]
+                    out += [Point(b, task, s.label, lr, wd, seed, name) for lr, wd in grid]
     return out
 
 

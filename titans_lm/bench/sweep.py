@@ -27,6 +27,20 @@ P = TypeVar("P")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the directory that holds ``titans_lm``
 
 
+def field_value(text: str) -> tuple[str, str]:
+    """Parses one ``--set FIELD=VALUE`` (an argparse ``type``): ``("FIELD", "VALUE")``, the value
+    left as text for ``titans-lm train --config.FIELD=VALUE`` to parse.
+
+    Raises:
+      argparse.ArgumentTypeError: no ``=`` or an empty field.
+    """
+    import argparse  # deliberate: only the scripts' parsers need it
+    field, sep, value = text.partition("=")
+    if not sep or not field.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE (e.g. model.combine=sum), got {text!r}")
+    return field.strip(), value
+
+
 def backbones_and_seeds(parser, backbones: str, seeds: str, config_dir: str | Path
                         ) -> tuple[list[str], list[int]]:
     """The comma-separated ``--backbones`` and ``--seeds`` of a sweep script, parsed: each
