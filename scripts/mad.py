@@ -90,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                 "--name (e.g. --name=mag-sum)")
     if args.name and len(args.backbones) != 1:
         p.error(f"--name labels one backbone's runs; got --backbones={','.join(args.backbones)}")
-    if args.name and ("/" in args.name or args.name in ("", ".", "..")):
+    if args.name and ("/" in args.name or args.name in (".", "..")):
         p.error(f"--name={args.name!r}: must be a plain folder name")
     args.set = dict(args.set)
     if min(args.steps, args.batch_size, args.test_examples) < 1:

@@ -73,16 +73,18 @@ def check_overrides(workdir: str | Path, overrides: Mapping[str, str]) -> None:
     want = {str(k): str(v) for k, v in overrides.items()}
     if path.is_file():
         had = json.loads(path.read_text())
-        if had != want:
-            def show(o):
-                return " ".join(f"--set={k}={v}" for k, v in o.items()) or "no --set"
-            raise ValueError(f"{workdir} was run with {show(had)}, this command asks for "
-                             f"{show(want)}; give the variant its own --name or --out")
+    elif path.parent.is_dir() and any(path.parent.iterdir()):
+        had = {}   # a run started before overrides were recorded: it had none
+    else:
+        had = want
+    if had != want:
+        def show(o):
+            return " ".join(f"--set={k}={v}" for k, v in o.items()) or "without --set"
+        raise ValueError(f"{workdir} was run {'with ' * bool(had)}{show(had)}, this command asks "
+                         f"for {show(want) if want else 'no --set'}; give the variant its own "
+                         "--name or --out")
+    if path.is_file():
         return
-    if path.parent.is_dir() and any(path.parent.iterdir()) and want:
-        raise ValueError(f"{workdir} was run without --set, this command asks for "
-                         + " ".join(f"--set={k}={v}" for k, v in want.items())
-                         + "; give the variant its own --name or --out")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(want, indent=1) + "\n")
 
