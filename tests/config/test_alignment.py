@@ -1,6 +1,7 @@
-"""MAC's segments against the memory's chunk grid (documents may start anywhere): ``validate``
-rejects a segment length the chunks do not tile, naming the fields; the check is the config's own
-(the config package imports nothing of the engine)."""
+"""The memory's chunk grid (documents may start anywhere): ``validate`` rejects a MAC segment
+length the chunks do not tile and a chunk-start-reading memory (LaCT) whose training window is one
+chunk or less, naming the fields; the checks are the config's own (the config package imports
+nothing of the engine)."""
 
 import subprocess
 import sys
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from titans_lm.config import load, validate
-from titans_lm.config.alignment import alignment_problems, check_reset_alignment
+from titans_lm.config.alignment import (alignment_problems, check_chunk_start_reads,
+                                        check_reset_alignment)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,6 +34,27 @@ def test_document_alignment_is_free_and_mac_segments_must_tile_into_chunks():
     c.model.memory.chunk_size = 16
     c.model.segment_len = 64
     validate(c)
+
+
+def test_chunk_start_reads_need_a_window_of_several_chunks():
+    c = _load("lact")                               # chunk 512, windows of 2,048: accepted
+    validate(c)
+    c.data.seq_len = 512                            # one chunk: every read is W0's
+    with pytest.raises(ValueError, match=r"model.memory.chunk_size=512 and data.seq_len=512: "
+                                         r"with model.memory.read='chunk_start' .* never reads "
+                                         r"a write .*chunk_size=128.*seq_len=2048.*carry_state"):
+        validate(c)
+    c.train.carry_state = True                      # later windows read earlier windows' writes
+    validate(c)
+    c.train.carry_state = False
+    c.model.memory.chunk_size = 256                 # two chunks in a window
+    validate(c)
+    c = _load("lmm")                                # after-write reads: a single chunk is fine
+    c.model.memory.chunk_size = c.data.seq_len
+    validate(c)
+    check_chunk_start_reads(16, 17, carry_state=False)
+    with pytest.raises(ValueError, match="chunk_size=16 and data.seq_len=16"):
+        check_chunk_start_reads(16, 16, carry_state=False)
 
 
 def test_alignment_problems_lists_each_field_off_the_grid():

@@ -152,7 +152,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     need("name" in cfg.model, "model.name", "missing: the config file must set model.name")
     check_fields(cfg)
     check_model_shape(cfg.model)
-    check_config_alignment(cfg)  # a document start, where the memory resets, must start a chunk
+    check_config_alignment(cfg)  # the chunk grid: MAC segments tile into chunks; chunk-start reads see writes
 
 
 def check_model_shape(model: ml_collections.ConfigDict) -> None:
