@@ -53,3 +53,13 @@ def test_mad_config_puts_the_backbone_in_mads_architecture_and_run(backbone):
         128, 20000, 5e-4, 0)
     assert eval_settings(c) == [{"length": 128, "setting": "baseline"}]
     assert task_spec(c).mad.k_motif_size == 3
+
+
+@pytest.mark.parametrize("task", ["compression", "memorization", "selective_copying"])
+def test_mad_config_gives_a_chunk_start_reader_chunks_its_rows_can_hold(task):
+    """LaCT reads the chunk-start state: its 512-token chunk would make every MAD row one chunk
+    that never reads a write (refused by validate); MAD's template gives it chunks of 16."""
+    c = _load("mad").get_config(f"{task}-lact")
+    validate(c)
+    assert c.model.memory.chunk_size == 16 < c.data.seq_len
+    assert _load("mad").get_config(f"{task}-lmm").model.memory.chunk_size == 16  # unchanged

@@ -80,11 +80,18 @@ def split_spec(spec: str) -> tuple[str, str]:
     return task, backbone
 
 
+# A chunk-start reader's chunk in MAD: two chunks in its shortest rows (compression and
+# memorization: 32 inputs).
+CHUNK_START_CHUNK = 16
+
+
 def mad_architecture(c: ml_collections.ConfigDict) -> None:
     """MAD's architecture on a backbone config, in place: width 128, 2 blocks (each a mixer and a
     SwiGLU: MAD's 4 alternating layers), SwiGLU width 352, untied embeddings; attention in 16
     heads of 8 (MAD's mh-attention); a neural memory keeps its head_dim (n_heads automatic:
-    width // head_dim)."""
+    width // head_dim). A memory that reads the chunk-start state (LaCT) takes chunks of
+    :data:`CHUNK_START_CHUNK`: MAD's rows are 32 to 2,048 inputs long, and a row of one chunk
+    would never read a write (``titans_lm.config.alignment.check_chunk_start_reads``)."""
     m = c.model
     m.d_model, m.n_layers = PROTOCOL["width"], PROTOCOL["n_layers"]
     m.d_ff = PROTOCOL["swiglu_width"]
@@ -92,6 +99,8 @@ def mad_architecture(c: ml_collections.ConfigDict) -> None:
         m.n_heads = PROTOCOL["attention_heads"]
     if "memory" in m:
         m.memory.n_heads = 0
+        if m.memory.get("read", "after_write") == "chunk_start":
+            m.memory.chunk_size = min(int(m.memory.chunk_size), CHUNK_START_CHUNK)
     m.tie_embeddings = False
 
 
