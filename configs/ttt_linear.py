@@ -3,8 +3,8 @@
 TTT-Linear (Sun et al. 2024, arXiv:2407.04620) as the token mixer of Transformer++ blocks
 (``titans_lm.models.ttt``): inner model f(x) = x + LN(x W + b) with fast W, b and an outer-loop
 LN scale and shift, TTT's base inner learning rate 1.0. The rest (mini-batch 16 with TTT's
-running-mean reads, no momentum or decay, learned W0, heads of 64, runs):
-``titans_lm.config.backbones.ttt_config``.
+running-mean reads, no momentum, a forget gate toward W0 (a deviation, for length), learned
+W0, heads of 64, runs): ``titans_lm.config.backbones.ttt_config``.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 TTT-MLP (Sun et al. 2024, arXiv:2407.04620) as the token mixer of Transformer++ blocks
 (``titans_lm.models.ttt``): inner model f(x) = x + LN(MLP(x)), a 2-layer MLP of 4x expansion and
 GELU with fast W1, b1, W2, b2 and an outer-loop LN scale and shift, TTT's base inner learning rate
-0.1. The rest (mini-batch 16 with TTT's running-mean reads, no momentum or decay, learned W0,
-heads of 64, runs): ``titans_lm.config.backbones.ttt_config``.
+0.1. The rest (mini-batch 16 with TTT's running-mean reads, no momentum, a forget gate toward W0
+(a deviation, for length), learned W0, heads of 64, runs): ``titans_lm.config.backbones.ttt_config``.
 """
 
 from __future__ import annotations

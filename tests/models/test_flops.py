@@ -56,6 +56,7 @@ def test_constant_gate_coefficients_cost_no_matmul(name):
     against the traced matmuls above); a decaying memory still counts its products."""
     m = small_config(name)
     m.memory.chunk_size, T = 32, 128
+    m.memory.use_decay, m.memory.decay_target = False, "zero"   # TTT as published
     mcfg = memory_config(m)
     assert _coefficient_flops(32, log_keep=True, reset_row=True, newton_schulz=False,
                               momentum=False, decay=False) == 0

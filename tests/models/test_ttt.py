@@ -27,7 +27,13 @@ def test_ttt_settings(name, inner, paper_lr):
     # TTT's base lr for its 0.5-scaled loss and mini-batch mean, in the engine's convention
     base_lr = cfg.memory.ttt_base_lr
     assert base_lr == paper_lr / (2 * cfg.memory.chunk_size)
-    memory = build(small_model_cfg(name, "float32", n_layers=1)).blocks[0].mixer.memory
+    assert cfg.memory.use_decay and cfg.memory.decay_target == "initial"  # the one deviation
+    shipped = build(small_model_cfg(name, "float32", n_layers=1)).blocks[0].mixer.memory
+    names = set(nnx.to_pure_dict(nnx.state(shipped, nnx.Param)))
+    assert {"alpha_w", "alpha_b"} <= names
+    # TTT's layer as published: one override away
+    memory = build(small_model_cfg(name, "float32", n_layers=1,
+                                   memory__use_decay=False)).blocks[0].mixer.memory
     assert memory.model == inner
     names = set(nnx.to_pure_dict(nnx.state(memory, nnx.Param)))
     assert "w0" in names and not {"eta_w", "eta_b", "alpha_w", "alpha_b", "conv_q", "w_gate"} & names

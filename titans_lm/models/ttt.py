@@ -9,8 +9,10 @@ The TTT layer is the memory engine with the TTT settings of the config's ``memor
   v - k (``memory_residual_ln``); the LN scale and shift are outer-loop parameters, learned per
   head with W0 and not updated by the inner loop (``memory_ln_fast = False``);
 - the initial fast weights W0 are learned, one set per head;
-- mini-batch gradient descent with mini-batch (chunk) size 16, no momentum and no decay
-  (eta = alpha = 0 exactly: ``use_momentum = use_decay = False``);
+- mini-batch gradient descent with mini-batch (chunk) size 16, no momentum (eta = 0 exactly:
+  ``use_momentum = False``); TTT has no decay either (``use_decay = False``: alpha = 0 exactly),
+  the shipped configs add the Titans forget gate toward W0 for length
+  (``titans_lm.config.backbones.TTT_LENGTH``);
 - the learnable inner learning rate theta = base_lr * sigmoid(x w_theta + b) / head_dim
   (``gate_style = "ttt"``; TTT's base_lr 1.0 for TTT-Linear and 0.1 for TTT-MLP, divided by
   2 b in the configs: TTT's loss has a factor 1/2 and its mini-batch step is the mean of the b
