@@ -44,6 +44,7 @@ def test_chunk_start_reads_need_a_window_of_several_chunks():
                                          r"with model.memory.read='chunk_start' .* never reads "
                                          r"a write .*chunk_size=128.*seq_len=2048.*carry_state"):
         validate(c)
+    validate(c, training=False)                     # a run trained so can still be scored
     c.train.carry_state = True                      # later windows read earlier windows' writes
     validate(c)
     c.train.carry_state = False

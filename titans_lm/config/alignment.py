@@ -73,16 +73,16 @@ def check_chunk_start_reads(chunk_size: int, seq_len: int, carry_state: bool) ->
         f"several chunks (--config.data.seq_len={4 * chunk_size}), or train.carry_state=True.")
 
 
-def check_config_alignment(cfg) -> None:
+def check_config_alignment(cfg, *, training: bool = True) -> None:
     """The chunk-grid checks for a run config (an ml_collections ConfigDict):
     :func:`check_reset_alignment` of ``model.segment_len`` against ``model.memory.chunk_size``
-    where the model has both, and :func:`check_chunk_start_reads` where the memory reads the
-    chunk-start state."""
+    where the model has both, and, for a config to train (``training``),
+    :func:`check_chunk_start_reads` where the memory reads the chunk-start state."""
     model = cfg.model
     if "memory" not in model or "chunk_size" not in model.memory:
         return
     chunk = int(model.memory.chunk_size)
-    if model.memory.get("read", "after_write") == "chunk_start":
+    if training and model.memory.get("read", "after_write") == "chunk_start":
         check_chunk_start_reads(chunk, int(cfg.data.seq_len),
                                 bool(cfg.train.get("carry_state", False)))
     if "segment_len" in model:

@@ -103,11 +103,13 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
+def validate(cfg: ml_collections.ConfigDict, *, training: bool = True) -> None:
     """Check values that types cannot express, and that every field is one the run reads.
 
     Needs nothing but the config (no JAX, no data): the command line runs it before anything
-    else, and ``titans_lm.train.train`` and ``titans_lm.eval`` run it too.
+    else, and ``titans_lm.train.train`` and ``titans_lm.eval`` run it too. ``training=False``
+    (evaluating a trained run) skips the checks that only concern how a run trains (a
+    chunk-start reader's window of one chunk: such a run trained and can be scored).
 
     Raises:
       ValueError: naming the offending field(s) and the accepted range; a field unknown to
@@ -152,7 +154,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     need("name" in cfg.model, "model.name", "missing: the config file must set model.name")
     check_fields(cfg)
     check_model_shape(cfg.model)
-    check_config_alignment(cfg)  # the chunk grid: MAC segments tile into chunks; chunk-start reads see writes
+    check_config_alignment(cfg, training=training)  # the chunk grid (MAC segments, chunk-start reads)
 
 
 def check_model_shape(model: ml_collections.ConfigDict) -> None:

@@ -78,7 +78,7 @@ def _model_for(saved: ml_collections.ConfigDict, overrides: dict[str, str] | Non
                max_context: int | None):
     """``(cfg, fns, mesh, params_sh, abstract)`` of the model ``saved`` describes."""
     cfg = apply_eval_overrides(saved, overrides or {})
-    validate(cfg)
+    validate(cfg, training=False)  # a trained run is scored as it trained
     cfg = with_max_context(cfg, max_context)
     fns = model_fns(cfg.model)
     mesh = eval_mesh(cfg)
