@@ -83,10 +83,9 @@ def check_overrides(workdir: str | Path, overrides: Mapping[str, str]) -> None:
         raise ValueError(f"{workdir} was run {'with ' * bool(had)}{show(had)}, this command asks "
                          f"for {show(want) if want else 'no --set'}; give the variant its own "
                          "--name or --out")
-    if path.is_file():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(want, indent=1) + "\n")
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(want, indent=1) + "\n")
 
 
 def points(backbones: Sequence[str], tasks: Sequence[str], seeds: Sequence[int],

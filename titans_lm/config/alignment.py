@@ -49,6 +49,11 @@ def check_reset_alignment(chunk_size: int, multiples: Mapping[str, int],
             f"divides it, or make it a multiple of the chunk size.")
 
 
+def reads_chunk_start(memory) -> bool:
+    """Whether a memory config section reads the chunk-start state (``read="chunk_start"``)."""
+    return memory.get("read", "after_write") == "chunk_start"
+
+
 def check_chunk_start_reads(chunk_size: int, seq_len: int, carry_state: bool) -> None:
     """Raise ValueError where a chunk-start-reading memory would never read a write in training.
 
@@ -82,7 +87,7 @@ def check_config_alignment(cfg, *, training: bool = True) -> None:
     if "memory" not in model or "chunk_size" not in model.memory:
         return
     chunk = int(model.memory.chunk_size)
-    if training and model.memory.get("read", "after_write") == "chunk_start":
+    if training and reads_chunk_start(model.memory):
         check_chunk_start_reads(chunk, int(cfg.data.seq_len),
                                 bool(cfg.train.get("carry_state", False)))
     if "segment_len" in model:

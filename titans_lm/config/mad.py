@@ -15,6 +15,8 @@ from pathlib import Path
 
 import ml_collections
 
+from titans_lm.config.alignment import reads_chunk_start
+
 MAD_TASKS = ("in_context_recall", "noisy_in_context_recall", "fuzzy_in_context_recall",
              "selective_copying", "compression", "memorization")
 
@@ -99,7 +101,7 @@ def mad_architecture(c: ml_collections.ConfigDict) -> None:
         m.n_heads = PROTOCOL["attention_heads"]
     if "memory" in m:
         m.memory.n_heads = 0
-        if m.memory.get("read", "after_write") == "chunk_start":
+        if reads_chunk_start(m.memory):
             m.memory.chunk_size = min(int(m.memory.chunk_size), CHUNK_START_CHUNK)
     m.tie_embeddings = False
 
