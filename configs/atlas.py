@@ -14,7 +14,7 @@ tokens) whose memory is written by Atlas' rule, all three parts of it fields of 
 
 on the Titans deep memory (2 layers, 2x expansion), decaying toward its initial state. Atlas-MAG
 (``<size>-mag``): the same memory in ``configs/mag.py``'s hybrid (sliding-window attention and
-the memory, gated). The ablation rows of Atlas' table: ``--config.model.memory.omega_window=1``
+the memory) with the paper's gate (``model.combine="gate"``; ``configs/mag.py`` ships a sum). The ablation rows of Atlas' table: ``--config.model.memory.omega_window=1``
 (c = 1), ``--config.model.memory.ns_steps=0`` (without Muon), ``--config.model.memory.feature_map=silu``
 (without the polynomial map).
 
@@ -53,6 +53,8 @@ def get_config(size: str = "tiny"):
     backbone = load_module(Path(__file__).with_name("mag.py" if hybrid else "lmm.py"))
     c = backbone.get_config(base)
     memory_variant(c.model.memory, "atlas")   # MEMORY_VARIANTS["atlas"]: any memory backbone takes it
+    if hybrid:
+        c.model.combine = "gate"   # Atlas-MAG as published: MAG's gate (configs/mag.py ships a sum)
     if base == "tiny":
         c.model.memory.head_dim = TINY_HEAD_DIM
     return c

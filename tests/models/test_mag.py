@@ -1,5 +1,5 @@
-"""Titans MAG backbone: sliding-window attention and the memory in parallel, combined by a gate
-(or summed: LaCT's block, configs/lact.py)."""
+"""Titans MAG backbone: sliding-window attention and the memory in parallel, summed (configs/mag.py,
+LaCT's block) or combined by the paper's gate."""
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +31,7 @@ def test_layers_without_memory_are_sliding_window_attention():
 def test_a_silent_memory_gates_the_attention_by_one_half():
     """With the memory's output projection at zero, m = 0 and sigmoid(RMSNorm(0)) = 1/2:
     o = (RMSNorm_y(y) / 2) W_O, y the sliding-window attention."""
-    mixer = build(small_model_cfg("mag", "float32", n_layers=1)).blocks[0].mixer
+    mixer = build(small_model_cfg("mag", "float32", n_layers=1, combine="gate")).blocks[0].mixer
     mixer.memory.w_out[...] = jnp.zeros_like(mixer.memory.w_out[...])
     x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
     got = forward_mixer(mixer, x, ids)
@@ -44,6 +44,8 @@ def test_a_silent_memory_gates_the_attention_by_one_half():
 def test_config_and_persistent_switch():
     cfg = load_config("mag").model
     assert cfg.window == 64 and cfg.n_persistent == 4 and cfg.memory_layers == "all"
+    assert cfg.combine == "sum"                                    # a deviation (configs/mag.py)
+    assert load_config("atlas", "tiny-mag").model.combine == "gate"   # Atlas-MAG as published
     assert load_config("mag", "340m").model.window == 1024
     model = build(small_model_cfg("mag", "float32", n_layers=1, n_persistent=0))
     assert model.persistent is None and model.blocks[0].mixer.attention.n_persistent == 0
@@ -52,7 +54,7 @@ def test_config_and_persistent_switch():
 
 def test_the_sum_combine_adds_the_branches():
     """``combine="sum"`` (LaCT's block): o = y + m, no gate, no parameters of its own."""
-    mixer = build(small_model_cfg("mag", "float32", n_layers=1, combine="sum")).blocks[0].mixer
+    mixer = build(small_model_cfg("mag", "float32", n_layers=1)).blocks[0].mixer
     x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
     got = forward_mixer(mixer, x, ids)
     y = forward_mixer(mixer.attention, x, ids)
@@ -81,18 +83,19 @@ def test_the_gated_read_ablation_zeroes_m_and_keeps_writing():
     """memory_ablation="gated_read" (an evaluation probe): o = (RMSNorm_y(y) / 2) W_O with the
     memory's parameters as trained, o = y with the sum combine, and the memory state after the call
     is the unablated layer's (the memory is still written)."""
-    ablated = build(small_model_cfg("mag", "float32", n_layers=1, memory_ablation="gated_read"))
+    ablated = build(small_model_cfg("mag", "float32", n_layers=1, combine="gate",
+                                    memory_ablation="gated_read"))
     mixer = ablated.blocks[0].mixer
     x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
     c, y = mixer.combine, forward_mixer(mixer.attention, x, ids)
     want = nnx.jit(lambda c, y: (c.norm_y(y) * 0.5) @ c.w_o[...])(c, y)
     np.testing.assert_allclose(np.asarray(forward_mixer(mixer, x, ids)), np.asarray(want),
                                rtol=1e-5, atol=1e-6)
-    summed = build(small_model_cfg("mag", "float32", n_layers=1, combine="sum",
+    summed = build(small_model_cfg("mag", "float32", n_layers=1,
                                    memory_ablation="gated_read")).blocks[0].mixer
     np.testing.assert_allclose(np.asarray(forward_mixer(summed, x, ids)),
                                np.asarray(forward_mixer(summed.attention, x, ids)), rtol=1e-6)
-    plain = build(small_model_cfg("mag", "float32", n_layers=1)).blocks[0].mixer
+    plain = build(small_model_cfg("mag", "float32", n_layers=1, combine="gate")).blocks[0].mixer
     xs = jax.random.normal(jax.random.key(3), (2, 16, 32), jnp.float32)
     (o_a, s_a), (o_p, s_p) = _state_after(mixer, xs), _state_after(plain, xs)
     assert float(jnp.abs(o_a - o_p).max()) > 1e-4

@@ -200,9 +200,10 @@ FIELDS: dict[str, Field] = {
                              NON_NEGATIVE, TITANS),
     "model.memory_layers": _f("Which layers carry a memory; the others are the backbone's "
                               "attention alone.", MEMORY_LAYERS, ("mac", "mag", "mal")),
-    "model.combine": _f("How MAG merges its attention and memory branches: 'gate' (Titans' "
-                        "sigmoid gate and output projection) or 'sum' (y + m, LaCT's block; "
-                        "configs/lact.py).", _one_of("gate", "sum"), ("mag",)),
+    "model.combine": _f("How MAG merges its attention and memory branches: 'sum' (y + m, each "
+                        "with its own output projection, LaCT's block; a deviation from the "
+                        "paper: docs/design.md) or 'gate' (Titans' sigmoid gate and output "
+                        "projection; Atlas-MAG's).", _one_of("gate", "sum"), ("mag",)),
     "model.segment_len": _f("MAC segment length (a multiple of model.memory.chunk_size).",
                             _ints(1), ("mac",)),
     "model.memory_input": _f("What MAC's memory is written and read with: 'attention_output' "
@@ -213,7 +214,7 @@ FIELDS: dict[str, Field] = {
     "model.memory_ablation": _f("Evaluation switch that zeroes a path of the memory: 'none'; "
                                 "MAC: 'retrieval' (the retrieved h tokens), 'gated_read' (the "
                                 "read M*(.) in the output gate) or 'both'; MAG: 'gated_read' "
-                                "(the read m in the gate, which becomes 1/2); MAL: 'read' (the "
+                                "(the read m: the gate becomes 1/2, the sum o = y); MAL: 'read' (the "
                                 "memory layer's output). The memory is still written. "
                                 "Overridable at eval time.",
                                 _one_of(*ALL_MEMORY_ABLATIONS),

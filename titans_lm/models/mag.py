@@ -25,7 +25,8 @@ layer as described.
 
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads`` (attention heads),
 ``rope_theta``, ``window`` (sliding window in tokens; 0 = full causal attention), ``n_persistent``,
-``memory_layers``, optional ``combine`` ("gate", the default, or "sum"), ``memory_ablation``
+``memory_layers``, optional ``combine`` ("gate", the paper's and what an absent field means, or
+"sum", ``configs/mag.py``'s default: a deviation, docs/design.md), ``memory_ablation``
 (default "none") and ``memory`` (see ``titans_lm.models.memory_mixer.memory_config``); optional
 ``max_context`` (with window 0 only: full attention's KV cache, see ``titans_lm.models.transformer``).
 """
