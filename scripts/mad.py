@@ -4,7 +4,7 @@
     python scripts/mad.py --backbones=mag,mal --seeds=0,1
     python scripts/mad.py --backbones=lmm --tasks=selective_copying --seeds=2
     python scripts/mad.py --protocol=full --backbones=transformer  # MAD's whole sweep (GPU days)
-    python scripts/mad.py --backbones=mag --set=model.combine=sum --name=mag-sum   # a variant
+    python scripts/mad.py --backbones=mag --set=model.combine=gate --name=mag-gate   # a variant
 
 Each point (backbone x task x setting x lr x weight decay x seed) trains ``titans-lm train
 --config=configs/tasks/mad.py:<task>-<backbone>`` in its own process (MAD's architecture and run,
@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--test_examples", type=int, default=128, help="reduced: test rows")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    type=sweep.field_value,
-                   help="config override for every run (needs --name), e.g. --set=model.combine=sum")
+                   help="config override for every run (needs --name), e.g. --set=model.combine=gate")
     p.add_argument("--name", default="", help="the table row and run folder of a variant "
                    "(one backbone; default: the backbone's name)")
     p.add_argument("--out", default="runs/mad", help="folder of the runs and the table")
@@ -87,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--backbones, --tasks and --seeds need at least one entry each")
     if args.set and not args.name:
         p.error("--set changes the model: give its runs a row and folder of their own with "
-                "--name (e.g. --name=mag-sum)")
+                "--name (e.g. --name=mag-gate)")
     if args.name and len(args.backbones) != 1:
         p.error(f"--name labels one backbone's runs; got --backbones={','.join(args.backbones)}")
     if args.name and ("/" in args.name or args.name in (".", "..")):
