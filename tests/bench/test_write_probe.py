@@ -96,6 +96,7 @@ def test_cli_prints_one_json_line_per_setting(capsys):
                                                              (5e-4, 0.0), (5e-3, 0.0)}
     assert all(set(r["read_change"]) == {"16", "64"} for r in recs)
     assert all(r["alpha_bias_init"] == MemoryConfig.alpha_bias_init for r in recs)
+    assert all((r["head_dim"], r["n_heads"]) == (64, 4) for r in recs)   # configs/lmm.py:tiny
     with pytest.raises(ValueError, match="multiples of the chunk size"):
         probe_script.main(["--tokens", "64", "--positions", "10", "--theta-max", "5e-4",
                            "--alpha-bias", "preset", "--eta-max", "0.9"])
@@ -119,3 +120,9 @@ def test_probe_script_dispatches_to_its_targets():
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "probe.py"), "nope"],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2 and "probe.py recall" in bad.stderr
+
+
+def test_head_dim_sets_the_layers_heads():
+    cfg = probe_script.lmm_memory_config(head_dim=16)
+    assert (cfg.head_dim, cfg.n_heads, cfg.d_model) == (16, 16, 256)
+    assert probe_script.lmm_memory_config().head_dim == 64

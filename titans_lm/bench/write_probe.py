@@ -2,6 +2,7 @@
 
     python scripts/probe.py write                       # the default grid (18 settings)
     python scripts/probe.py write --theta-max 5e-4,2e-3 --alpha-bias=-6,-9 --eta-max 0.9
+    python scripts/probe.py write --head-dim 16          # narrower heads (16 heads of 16)
 
 One NeuralMemory layer is built at init as the memory of ``configs/lmm.py:tiny`` (d_model 256,
 heads of 64 -> 4 heads, MLP memory of depth 2 with 2x expansion, chunk 16, conv, l2-normalised q,
@@ -67,10 +68,14 @@ REPO = Path(__file__).resolve().parents[2]
 POSITIONS = (16, 32, 64, 256, 1024, 2048)
 
 
-def lmm_memory_config(size: str = "tiny", **overrides) -> MemoryConfig:
-    """The memory settings of ``configs/lmm.py:<size>`` (float32), then ``overrides``."""
+def lmm_memory_config(size: str = "tiny", head_dim: int | None = None,
+                      **overrides) -> MemoryConfig:
+    """The memory settings of ``configs/lmm.py:<size>`` (float32), with heads of ``head_dim``
+    (default: the config's; d_model / head_dim heads), then ``overrides``."""
     m = load(REPO / "configs" / "lmm.py", size).model
     m.dtype = m.param_dtype = "float32"
+    if head_dim is not None:
+        m.memory.head_dim = head_dim
     return dataclasses.replace(memory_config(m), **overrides)
 
 
@@ -246,9 +251,12 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--period", type=int, default=0,
                    help="0: i.i.d. tokens; P > 0: a random passage of P tokens repeated")
+    p.add_argument("--head-dim", type=int, default=None,
+                   help="the memory's head width (default: the config's 64; d_model / head_dim "
+                        "heads); one width per command, since it changes the layer's shapes")
     a = p.parse_args(argv)
     positions = tuple(int(s) for s in a.positions.split(","))
-    base = lmm_memory_config()
+    base = lmm_memory_config(head_dim=a.head_dim)
     layer = build_layer(base, a.seed)
     x = random_inputs(a.batch, a.tokens, base.d_model, a.seed + 1, a.period)
     biases = [base.alpha_bias_init if s.strip() == "preset" else float(s)
@@ -262,7 +270,8 @@ def main(argv=None) -> None:
                     t0 = time.perf_counter()
                     setting = Setting(theta_max, eta_max, alpha_bias, theta_bias)
                     rec = probe(layer, x, setting, positions)
-                    rec.update(inputs="random_normal", period=a.period, batch=a.batch,
+                    rec.update(head_dim=base.head_dim, n_heads=base.n_heads,
+                               inputs="random_normal", period=a.period, batch=a.batch,
                                tokens=a.tokens, seed=a.seed,
                                seconds=round(time.perf_counter() - t0, 2))
                     print(json.dumps(rec), flush=True)
