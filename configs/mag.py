@@ -10,7 +10,8 @@ the paper sizes (the paper does not state its window; 1024 is a quarter of the 4
 gate (RMSNorm(y) * sigmoid(RMSNorm(m))), is ``--config.model.combine=gate``. With the gate the
 tiny MAG learned no in-context recall through its memory (MAD: 31%, the attention's plateau) and
 read the held-out book 14% worse (227.0 against 194.6 ppl, 2 seeds); with the sum it recalls 99%
-(docs/results/mad.md, docs/results/memory-suite.md).
+(docs/results/mad.md, docs/results/memory-suite.md). The memory writes with the LMM's bound
+(``RAISED_WRITE``: theta_max 0.3, theta starting at 0.05, the surprise guard).
 ``model.memory_layers ("all", "none" or indices such as "0,2") says
 which layers carry memory; the others are plain sliding-window attention.
 
@@ -21,7 +22,7 @@ Memory settings, tiny and paper runs, persistent tokens and ablation switches:
 from __future__ import annotations
 
 from titans_lm.config.presets import PAPER_SIZES
-from titans_lm.config.backbones import titans_config
+from titans_lm.config.backbones import RAISED_WRITE, titans_config
 
 #            d_model, n_layers, n_heads, d_ff
 _PAPER = {
@@ -39,7 +40,12 @@ def get_config(size: str = "tiny"):
     Raises:
       ValueError: for an unknown size (the message lists the valid ones).
     """
-    c = titans_config("mag", size, _PAPER)
+    # The LMM's write (theta_max 0.3 started at 0.05 under the surprise guard): with the summed
+    # branches MAG learns S-NIAH with it and reads the book a little worse
+    # (docs/results/memory-suite.md#mags-write-the-lmms-bound); the preset's write:
+    # --config.model.memory.theta_max=0.0005 --config.model.memory.surprise_max_norm=0
+    # --config.model.memory.theta_bias_init=0
+    c = titans_config("mag", size, _PAPER, memory=RAISED_WRITE)
     c.model.memory_layers = "all"
     # A deviation from the paper (its operator: "gate"): the branches are added, so the memory's
     # read enters as content, not only as a per-channel factor on the attention output.

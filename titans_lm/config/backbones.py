@@ -107,8 +107,9 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # the 0.1 bound (the preset from f7ad840), S-NIAH carried to 4K 92% against 71% and MQAR at
 # 256/64 48% against 26% (stage 1 learnt by 3 seeds of 4 against 1), the book 1.5% worse; the
 # 0.3 bound started at its midpoint (0.15) read the book 19-20% worse. MAG with a raised bound
-# learns S-NIAH to 16K but reads the book worse, and worse carried than reset, so the hybrids
-# keep the bound above.
+# and the paper's gate learns S-NIAH to 16K but reads the book worse, and worse carried than
+# reset; with its branches summed (what configs/mag.py ships) it takes this write too
+# (docs/results/memory-suite.md#mags-write-the-lmms-bound). MAC and MAL keep the bound above.
 TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_activation="silu",
                      chunk_size=16, gate_style="titans", use_momentum=True, use_decay=True,
                      use_conv=True, qk_l2_norm=True, v_l2_norm=True, use_output_gate=True,
