@@ -14,8 +14,9 @@ tokens) whose memory is written by Atlas' rule, all three parts of it fields of 
 
 on the Titans deep memory (2 layers, 2x expansion), decaying toward its initial state. Atlas-MAG
 (``<size>-mag``): the same memory in ``configs/mag.py``'s hybrid (sliding-window attention and
-the memory) with the paper's gate (``model.combine="gate"``; ``configs/mag.py`` ships a sum). The ablation rows of Atlas' table: ``--config.model.memory.omega_window=1``
-(c = 1), ``--config.model.memory.ns_steps=0`` (without Muon), ``--config.model.memory.feature_map=silu``
+the memory) with the paper's gate (``model.combine="gate"``; ``configs/mag.py`` ships a sum).
+The ablation rows of Atlas' table: ``--config.model.memory.omega_window=1`` (c = 1),
+``--config.model.memory.ns_steps=0`` (without Muon), ``--config.model.memory.feature_map=silu``
 (without the polynomial map).
 
 Sizes. Tiny: head_dim 16 (16 memory heads at d_model 256), so the polynomial key width is 152
