@@ -71,7 +71,7 @@ def assert_chunked_equals_reference(value, diff_args, cases, names, seed):
             reads, P = value(impl, case)(*args)
             return (jnp.sum(reads * w_reads) + sum(jnp.sum(p * w) for p, w in zip(P, w_state)),
                     (reads, P))
-        return jax.value_and_grad(v, argnums=tuple(range(len(diff_args))), has_aux=True)
+        return jax.jit(jax.value_and_grad(v, argnums=tuple(range(len(diff_args))), has_aux=True))
 
     for case in cases:
         (_, (want_reads, want_P)), want_g = objective("reference", case)(*diff_args)

@@ -3,8 +3,8 @@ from a checkpoint, then the run's evaluation (``--eval_after``) on the held-out 
 WikiText-2. Test size: tinyshakespeare, vocabulary 320, 64-token windows, d_model 32, one layer.
 
 The command line, the checkpoints and the evaluation do not depend on the backbone (they see a
-config, a parameter pytree and a stateful apply), so this runs two mixer families: the Titans
-memory (``lmm``) and TTT (``ttt_linear``); ``test_cli.py`` runs Transformer++. What does depend
+config, a parameter pytree and a stateful apply), so this runs one memory backbone, the Titans
+memory alone (``lmm``; TTT shares its engine); ``test_cli.py`` runs Transformer++. What does depend
 on the backbone is tested in process, once per backbone: its config (``tests/config``), a
 training call equal to the stateful call and split calls equal to one call
 (``tests/models/test_stateful.py``), reset and carried evaluation (``tests/eval/test_streaming.py``)."""
@@ -28,7 +28,7 @@ OVERRIDES = {
     "train.eval_every": 2, "train.eval_batches": 1, "train.ckpt_every": 2, "eval.batch_size": 8,
     "eval.max_docs": 1, "optim.warmup_steps": 1, "mesh.data": 1,
 }
-CLI_BACKBONES = ("lmm", "ttt_linear")
+CLI_BACKBONES = ("lmm",)
 
 
 @pytest.fixture(scope="module")

@@ -145,7 +145,8 @@ def test_none_gates_equal_zero_gates_and_the_reference(case):
                                         chunk_size=4, impl=impl, reset=reset, **kw)
             return jnp.sum(reads * weights) + sum(jnp.sum(x ** 2) for x in P + S), (reads, P, S)
 
-        grad = lambda impl, new: jax.grad(loss, argnums=(2, 3, 4, 5, 6), has_aux=True)(  # noqa: E731
+        grad = lambda impl, new: jax.jit(  # noqa: E731
+            jax.grad(loss, argnums=(2, 3, 4, 5, 6), has_aux=True), static_argnums=(0, 1))(
             impl, new, th, k, v, q, P0)
         new_g, new_out = grad("chunked", True)
         for impl, atol in (("chunked", 1e-12), ("reference", 1e-10)):

@@ -60,7 +60,7 @@ def objective(fn, weights):
     def value(W0, R0, k, v, q, beta, log_a, reset):
         reads, W = fn(W0, R0, k, v, q, beta, log_a, reset)
         return jnp.sum(reads * weights[0]) + jnp.sum(W * weights[1])
-    return jax.grad(value, argnums=tuple(range(7)))
+    return jax.jit(jax.grad(value, argnums=tuple(range(7))))
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["deltanet", "gated_deltanet"])
@@ -135,8 +135,8 @@ def test_dot_bias_chunked_equals_reference_for_a_deep_memory_with_gradients():
                                         chunk_size=4, impl=impl, reset=jnp.asarray(inputs()[7]),
                                         attentional_bias="dot")
             return jnp.sum(reads ** 2) + sum(jnp.sum(p ** 3) for p in P)
-        ref = jax.grad(lambda *a: run("reference", *a), argnums=(0, 1, 2, 3))(k, v, q, theta)
-        got = jax.grad(lambda *a: run("chunked", *a), argnums=(0, 1, 2, 3))(k, v, q, theta)
+        ref = jax.jit(jax.grad(lambda *a: run("reference", *a), argnums=(0, 1, 2, 3)))(k, v, q, theta)
+        got = jax.jit(jax.grad(lambda *a: run("chunked", *a), argnums=(0, 1, 2, 3)))(k, v, q, theta)
         for a, b in zip(ref, got):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * max(1, float(jnp.max(jnp.abs(a)))))
 

@@ -5,8 +5,10 @@ other documents by padding, changes no logit of a document (to 1e-10; the isolat
 ``ISOLATION`` is printed with -s), and the gradients of a document's loss are those of the document
 alone.
 
-Sizes (``tests/_backbones.py``): d_model 32, 2 layers, memory chunk 16, window 24, MAC segment 32,
-3 persistent tokens.
+Sizes (``tests/_backbones.py``): d_model 32, memory chunk 16, window 24, MAC segment 32, 3
+persistent tokens, and one layer: isolation is each mixer's (the rest of the model acts per token),
+and a second layer would double the compilation; the stateful tests run two
+(tests/models/test_stateful.py).
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ ISOLATION: dict = {}       # (backbone, offset) -> max |change| of a document's 
 def model_cfg(name: str):
     if name == "transformer":
         m = load_config("transformer").model
-        m.vocab_size, m.d_model, m.n_layers, m.d_ff, m.n_heads = VOCAB, 32, 2, 64, 2
+        m.vocab_size, m.d_model, m.n_layers, m.d_ff, m.n_heads = VOCAB, 32, 1, 64, 2
         m.dtype = m.param_dtype = "float64"
         return m
-    return small_model_cfg(name, "float64", memory__chunk_size=CHUNK)
+    return small_model_cfg(name, "float64", memory__chunk_size=CHUNK, n_layers=1)
 
 
 def rows(offset: int, seed: int = 0):

@@ -29,7 +29,8 @@ def _compiled_grad(name, remat, T=40, B=1, dtype="float64", **changes):
 
 
 def _loss_and_grads(name, remat):
-    fn, *args = _compiled_grad(name, remat)
+    # one layer: a policy acts inside each block alike, and compiling a second doubles the cost
+    fn, *args = _compiled_grad(name, remat, n_layers=1)
     return fn(*args)
 
 

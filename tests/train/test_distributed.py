@@ -11,8 +11,7 @@ import time
 import pytest
 
 
-from _tiny_run import CONFIG_FILE, REPO, cli_args, run_cli, tiny_config
-from titans_lm.config import load
+from _tiny_run import cli_args, run_cli, tiny_config
 from titans_lm.train.distributed import resolve
 
 from titans_lm.train import launch
@@ -23,10 +22,10 @@ STEPS = dict(train__steps=5, train__ckpt_every=5, train__eval_every=5, mesh__dat
 @pytest.fixture(autouse=True)
 def _processes_start_without_the_suites_compilation_cache(monkeypatch):
     """The launched processes run without the suite's shared compilation cache (conftest): with
-    it (and -O0), one fresh-clone run of the LMM case hung in its collectives until the
+    it (and -O0), one fresh-clone run of an LMM case hung in its collectives until the
     launcher's timeout (1 of 3 runs; cause not found). JAX lets only rank 0 write the cache, so
     the ranks' compile times differ with it. They keep the suite's -O0, which every rank applies
-    alike (it takes a third off the LMM case's time). The launcher adds the device count to
+    alike (it took a third off that case's time). The launcher adds the device count to
     XLA_FLAGS."""
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.setenv("XLA_FLAGS", os.environ["TITANS_LM_TEST_COMPILE_FLAGS"])
@@ -37,56 +36,29 @@ def _losses(workdir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def _lmm(args: list[str]) -> list[str]:
-    """The tiny run's arguments for the LMM: memory heads of 16 (2 heads at d_model 32)."""
-    out = [a.replace(str(CONFIG_FILE), str(REPO / "configs" / "lmm.py")) for a in args
-           if not a.startswith("--config.model.n_heads=")]
-    return out + ["--config.model.memory.head_dim=16"]
-
-
-def _config(cache, lmm: bool):
-    cfg = tiny_config(cache, **STEPS)
-    if not lmm:
-        return cfg
-    lcfg = load(REPO / "configs" / "lmm.py", "tiny")
-    for section in ("data", "train", "optim", "mesh", "eval"):
-        lcfg[section] = cfg[section]
-    for k in ("vocab_size", "d_model", "n_layers", "d_ff"):
-        lcfg.model[k] = cfg.model[k]
-    lcfg.model.memory.head_dim = 16
-    return lcfg
-
-
 @pytest.mark.e2e
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.parametrize("backbone", ["transformer", "lmm-carry_state"])
-def test_two_processes_of_four_devices_match_one_of_eight(backbone, tmp_path):
-    """transformer: shuffled windows, then checkpoints and evaluation across layouts.
-    lmm-carry_state: the memory's sharded engine under stateful training, each process streaming
-    its own rows with their carried state (``train.carry_state``)."""
+def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
+    """Stateful training (``train.carry_state``; Transformer++ carrying its attention cache up to
+    ``max_context``): each process streams its own rows with their carried state, and the losses
+    are those of one process; then checkpoints and evaluation across layouts. (The memory's
+    sharded engine is the same SPMD program on one process or several: tests/memory/test_sharded.py.)"""
     from titans_lm.train.loop import train
     cache = tmp_path / "cache"
-    args = cli_args(cache, tmp_path / "mp", **STEPS)
-    lmm = backbone.startswith("lmm")
-    if lmm:
-        args = _lmm(args)
-    cfg = _config(cache, lmm)
-    if backbone.endswith("carry_state"):
-        args.append("--config.train.carry_state=true")
-        cfg.train.carry_state = True
+    carry = dict(STEPS, train__carry_state=True, model__max_context=128)
+    args = cli_args(cache, tmp_path / "mp", **carry)
+    cfg = tiny_config(cache, **carry)
     # The single-process reference (8 devices here) first; it also builds the token stores.
     one = train(cfg, tmp_path / "one", progress=False, log=lambda m: None)
     code = launch.launch(args + ["--noeval_after"], num_processes=2, devices_per_process=4,
-                               log_dir=tmp_path / "logs", timeout_s=600)
+                         log_dir=tmp_path / "logs", timeout_s=600)
     assert code == 0, (tmp_path / "logs" / "process_1.log").read_text()[-3000:]
     two = _losses(tmp_path / "mp")
     assert sorted(two) == [1, 2, 3, 4, 5] == sorted(one.losses)
     for s in two:
         assert abs(two[s] - one.losses[s]) < 1e-5, (s, two[s], one.losses[s])
     assert sorted(p.name for p in (tmp_path / "mp" / "checkpoints").iterdir()) == ["5"]
-    if backbone != "transformer":
-        return
     # The 2 x 4 checkpoint restores on 1 x 8 (here) and 1 x 1 (a fresh process); evaluation
     # gives the same numbers on each; the 1 x 8 checkpoint evaluates on 2 x 4.
     from titans_lm.eval.evaluate import evaluate

@@ -253,27 +253,46 @@ def _run_until(args, env, target: int, sig: int) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_kill_and_resume_soak_ends_with_the_uninterrupted_parameters(run6, tmp_path):
-    """5 kills at random steps (SIGTERM and SIGKILL mixed), each followed by a resume."""
+    """3 kills at random steps (SIGTERM and SIGKILL mixed), each followed by a resume. SIGTERM
+    saves a checkpoint at the step it stops (checkpoints every 4 steps otherwise), says so in one
+    line without a traceback, and the next run resumes from that step; the metrics hold each step
+    once."""
     import random
+    import re
     import signal
     root, _ = run6
     steps = 16
-    changes = dict(train__steps=steps, train__ckpt_every=2, train__eval_every=100)
+    changes = dict(train__steps=steps, train__ckpt_every=4, train__eval_every=100)
     cfg = tiny_config(root / "cache", mesh__data=1, **changes)
     # The uninterrupted run goes through the CLI too (one CPU device, as the soak's processes).
     p = run_cli(["train", *cli_args(root / "cache", tmp_path / "straight", **changes),
                  "--noeval_after"])
     assert p.returncode == 0, p.stderr
     rng = random.Random(12)
-    targets = sorted(rng.sample(range(2, steps), 5))
-    sigs = [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, signal.SIGTERM, signal.SIGKILL]
+    targets = sorted(rng.sample(range(2, steps - 2), 3))
+    sigs = [signal.SIGTERM, signal.SIGKILL, signal.SIGTERM]
     rng.shuffle(sigs)
     args = ["train", *cli_args(root / "cache", tmp_path / "soak", **changes), "--noeval_after"]
     env = one_device_env()
+    saved_at = None  # the step a SIGTERM stopped and saved at
     for t, s in zip(targets, sigs):
         code, log = _run_until(args, env, t, s)
-        assert code == (-9 if s == signal.SIGKILL else 143), log
+        assert code == (-9 if s == signal.SIGKILL else 128 + signal.SIGTERM), log
+        if saved_at is not None:
+            assert f"resuming from the checkpoint at step {saved_at} " in log, log
+        saved_at = None
+        if s == signal.SIGTERM:
+            assert "Traceback" not in log, log
+            m = re.search(r"stopped by SIGTERM at step (\d+); checkpoint saved in \S+\. Run the "
+                          r"same command again to resume\.", log)
+            assert m and t <= int(m.group(1)) < steps, log
+            saved_at = int(m.group(1))
     p = run_cli(args)
     assert p.returncode == 0, p.stderr
+    if saved_at is not None:
+        assert f"resuming from the checkpoint at step {saved_at} " in p.stderr
+    recs = [json.loads(x) for x in (tmp_path / "soak" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["step"] for r in recs if "loss" in r]
+    assert logged == sorted(set(logged)) and logged[-1] == steps
     assert tree_max_abs_diff(_state(tmp_path / "soak", cfg, steps),
                              _state(tmp_path / "straight", cfg, steps)) == 0.0

@@ -1,15 +1,12 @@
-"""The training loop: exact resume, logging, validation, non-finite loss, signals, config checks."""
-
-import json
-import signal
-import time
+"""The training loop: exact resume, logging, validation, non-finite loss, config checks (a stop by
+signal and its resume: tests/train/test_integrity.py)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _tiny_run import cli_args, one_device_env, run_cli, tiny_config, tree_max_abs_diff
+from _tiny_run import tiny_config, tree_max_abs_diff
 from titans_lm.train import sharding as shd
 from titans_lm.train import step as step_module
 from titans_lm.train.checkpoint import Checkpointer
@@ -90,36 +87,3 @@ def test_config_checks_name_the_fields(tmp_path):
     cfg = tiny_config(tmp_path, train__batch_size=4, mesh__data=8)
     with pytest.raises(ValueError, match="multiple of mesh data\\*fsdp = 8"):
         train(cfg, tmp_path / "run", progress=False)
-
-
-@pytest.mark.slow
-def test_sigterm_saves_and_rerun_finishes(tmp_path):
-    args = ["train"] + cli_args(tmp_path / "cache", tmp_path / "run", train__steps=400,
-                                train__ckpt_every=1000, train__eval_every=1000,
-                                train__log_every=5) + ["--noeval_after"]
-    env = one_device_env()
-    import subprocess
-    import sys
-    proc = subprocess.Popen([sys.executable, "-m", "titans_lm.cli", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
-            break
-        time.sleep(0.1)
-    assert proc.poll() is None, proc.communicate()[0]
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, out
-    assert "Traceback" not in out
-    assert "stopped by SIGTERM at step" in out and "Run the same command again to resume" in out
-    with Checkpointer(tmp_path / "run") as ck:
-        stopped_at = ck.latest_step()
-    assert stopped_at is not None and 0 < stopped_at < 400
-    again = run_cli(args)
-    assert again.returncode == 0, again.stderr
-    assert f"resuming from the checkpoint at step {stopped_at}" in again.stderr
-    recs = [json.loads(x) for x in metrics.read_text().splitlines()]
-    steps = [r["step"] for r in recs if "loss" in r]
-    assert steps == sorted(set(steps)) and steps[-1] == 400
