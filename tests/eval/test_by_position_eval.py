@@ -102,13 +102,15 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
     np.testing.assert_allclose(rl.sum(), reset.nll_nats, rtol=1e-6)
 
 
-# One case per kind of carried state: the memory alone (the LMM; TTT's is the same
-# ``MemoryState``), attention beside it (MAG, MAL) and MAC's segments. A reset asked inside a
-# window takes effect at the next window (T + 3 -> 2 T), one at a window start at once (T).
+# One case per kind of carried state: the memory alone (the LMM, two layers: every layer's memory
+# is reset; TTT's is the same ``MemoryState``), attention beside it (MAG, MAL) and MAC's segments
+# (one layer each). A reset asked inside a window takes effect at the next window (T + 3 -> 2 T),
+# one at a window start at once (T).
 @pytest.mark.parametrize("name,changes,ablate_at,where", [
-    ("lmm", {}, T + 3, 2 * T), ("mag", {}, T + 3, 2 * T), ("mal", {}, T, T),
+    ("lmm", {}, T + 3, 2 * T), ("mag", {"n_layers": 1}, T + 3, 2 * T),
+    ("mal", {"n_layers": 1}, T, T),
     # segments of 24: the reset at 32 falls inside the second segment (buffer of 8 kept)
-    ("mac", {"segment_len": 3 * T // 2}, 2 * T, 2 * T)])
+    ("mac", {"segment_len": 3 * T // 2, "n_layers": 1}, 2 * T, 2 * T)])
 def test_ablation_changes_only_positions_from_p(x64, name, changes, ablate_at, where):
     fns, params = _model(name, **changes)
     docs = _docs([3 * T + 1, 2 * T + 5, 5], seed=3)

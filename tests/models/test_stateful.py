@@ -2,8 +2,9 @@
 call): a stream cut into calls equals one training call over it, and so does a prefill followed
 by one token per call (decoding), at every position.
 
-Sizes (``tests/_backbones.py``): d_model 32, 2 layers, memory chunk 16, attention window 24, MAC
-segment 32, 3 persistent tokens; Transformer++ with max_context 40 (so its bound is reached too).
+Sizes (``tests/_backbones.py``): d_model 32, one layer (two for the LMM: ``TWO_LAYERS``), memory
+chunk 16, attention window 24, MAC segment 32, 3 persistent tokens; Transformer++ with max_context
+40 (so its bound is reached too).
 The stream holds two rows: one document with trailing padding, and documents starting at 16, 37,
 53 and 80, so every split call after the first holds a document boundary, and the cuts at 40 and
 64 fall inside documents that started inside a chunk (37 and 53: offset 5 of a chunk, inside a
@@ -36,14 +37,21 @@ ATOL = 1e-10
 SPLITS = (5, 16, 40, 64)
 
 
+# Two layers for the LMM, whose state then holds one memory per layer (the model carries each
+# layer's state in its own slot: a mix-up shows there); one layer for every other backbone, whose
+# carried state is its mixer's (a second layer would double each compilation).
+TWO_LAYERS = ("lmm",)
+
+
 def model_cfg(name: str):
+    n_layers = 2 if name in TWO_LAYERS else 1
     if name == "transformer":
         m = load_config("transformer").model
-        m.vocab_size, m.d_model, m.n_layers, m.d_ff, m.n_heads = VOCAB, 32, 2, 64, 2
+        m.vocab_size, m.d_model, m.n_layers, m.d_ff, m.n_heads = VOCAB, 32, n_layers, 64, 2
         m.dtype = m.param_dtype = "float64"
         m.max_context = MAX_CONTEXT
         return m
-    return small_model_cfg(name, "float64", memory__chunk_size=CHUNK)
+    return small_model_cfg(name, "float64", memory__chunk_size=CHUNK, n_layers=n_layers)
 
 
 _MODELS: dict = {}
