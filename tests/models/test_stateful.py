@@ -24,8 +24,10 @@ from flax import nnx
 
 from _backbones import VOCAB, build, load_config, small_model_cfg
 
-# DeltaNet is Gated DeltaNet without the forget gate (the same engine path): not repeated here.
-BACKBONES = ("transformer", "ttt_linear", "ttt_mlp", "lmm", "mac", "mag", "mal", "linear_attention",
+# DeltaNet is Gated DeltaNet without the forget gate (the same engine path), and TTT-MLP is
+# TTT-Linear's mixer with the LMM's MLP memory (whose carried state the engine's tests split at
+# every chunk phase: tests/memory/test_state.py): neither repeated here.
+BACKBONES = ("transformer", "ttt_linear", "lmm", "mac", "mag", "mal", "linear_attention",
              "gated_deltanet")
 CHUNK, WINDOW, SEGMENT, MAX_CONTEXT = 16, 24, 32, 40
 T = 96
