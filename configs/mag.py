@@ -41,8 +41,8 @@ def get_config(size: str = "tiny"):
       ValueError: for an unknown size (the message lists the valid ones).
     """
     # The LMM's write (theta_max 0.3 started at 0.05 under the surprise guard): with the summed
-    # branches MAG learns S-NIAH with it (carried to 4K in one seed of two) and reads the book
-    # 4% worse (docs/results/memory-suite.md#mags-write-the-lmms-bound); the preset's write:
+    # branches MAG learns S-NIAH with it (carried to 4K in 3 runs of 4) and reads the book 4%
+    # worse (docs/results/memory-suite.md#mags-write-the-lmms-bound); the preset's write:
     # --config.model.memory.theta_max=0.0005 --config.model.memory.surprise_max_norm=0
     # --config.model.memory.theta_bias_init=0
     c = titans_config("mag", size, _PAPER, memory=RAISED_WRITE)

@@ -16,6 +16,7 @@ def assert_same_derivatives(ours, plain, x, params, *, rtol=(1e-12, 1e-10, 1e-9)
     for g, w in zip(jax.tree.leaves(jax.jit(jax.grad(ours, (0, 1)))(x, params)),
                     jax.tree.leaves(jax.jit(jax.grad(plain, (0, 1)))(x, params)), strict=True):
         np.testing.assert_allclose(g, w, rtol=rtol[1], atol=atol[1])
-    second = lambda f: jax.jit(jax.grad(lambda p: jnp.sum(jax.grad(f)(x, p) ** 2)))(params)  # noqa: E731
+    def second(f):
+        return jax.jit(jax.grad(lambda p: jnp.sum(jax.grad(f)(x, p) ** 2)))(params)
     for g, w in zip(jax.tree.leaves(second(ours)), jax.tree.leaves(second(plain)), strict=True):
         np.testing.assert_allclose(g, w, rtol=rtol[2], atol=atol[2])

@@ -135,8 +135,9 @@ def test_dot_bias_chunked_equals_reference_for_a_deep_memory_with_gradients():
                                         chunk_size=4, impl=impl, reset=jnp.asarray(inputs()[7]),
                                         attentional_bias="dot")
             return jnp.sum(reads ** 2) + sum(jnp.sum(p ** 3) for p in P)
-        ref = jax.jit(jax.grad(lambda *a: run("reference", *a), argnums=(0, 1, 2, 3)))(k, v, q, theta)
-        got = jax.jit(jax.grad(lambda *a: run("chunked", *a), argnums=(0, 1, 2, 3)))(k, v, q, theta)
+        def grads(impl):
+            return jax.jit(jax.grad(lambda *a: run(impl, *a), argnums=(0, 1, 2, 3)))(k, v, q, theta)
+        ref, got = grads("reference"), grads("chunked")
         for a, b in zip(ref, got):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * max(1, float(jnp.max(jnp.abs(a)))))
 

@@ -43,7 +43,8 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
     """Stateful training (``train.carry_state``; Transformer++ carrying its attention cache up to
     ``max_context``): each process streams its own rows with their carried state, and the losses
     are those of one process; then checkpoints and evaluation across layouts. (The memory's
-    sharded engine is the same SPMD program on one process or several: tests/memory/test_sharded.py.)"""
+    sharded engine is the same SPMD program on one process or several:
+    tests/memory/test_sharded.py.)"""
     from titans_lm.train.loop import train
     cache = tmp_path / "cache"
     carry = dict(STEPS, train__carry_state=True, model__max_context=128)
