@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
+from _backbones import load_config
 from titans_lm.config import validate
-from titans_lm.config.backbones import (MEMORY_DEFAULTS, MEMORY_VARIANTS, TITANS_MEMORY,
+from titans_lm.config.backbones import (MEMORY_DEFAULTS, MEMORY_VARIANTS, PRESET_WRITE,
+                                        RAISED_WRITE, TITANS_MEMORY,
                                         backbone_config, memory_section, memory_variant,
                                         titans_config, titans_memory_section)
 from titans_lm.config.presets import PAPER_SIZES
@@ -67,3 +69,16 @@ def test_memory_variants_make_valid_titans_configs(name):
         assert getattr(mem, field) == value
     with pytest.raises(ValueError, match="unknown memory variant 'memora'"):
         memory_variant(c.model.memory, "memora")
+
+
+def test_the_lmms_write_is_stated_for_heads_of_64():
+    """RAISED_WRITE bounds theta by 0.3 at the presets' heads of 64 and by 0.15 at Atlas' 16
+    (the half bound that trained there); PRESET_WRITE undoes each of its fields."""
+    lmm = load_config("lmm")
+    bound = lambda m: MemoryConfig.from_dict(dict(m), d_model=64, n_heads=1).theta_bound  # noqa: E731
+    assert lmm.model.memory.head_dim == 64 and bound(lmm.model.memory) == RAISED_WRITE["theta_max"]
+    lmm.model.memory.head_dim = 16
+    assert bound(lmm.model.memory) == RAISED_WRITE["theta_max"] / 2
+    preset = titans_memory_section(**RAISED_WRITE, **{"head_dim": 16})
+    preset.update(PRESET_WRITE)
+    assert preset.to_dict() == titans_memory_section(head_dim=16).to_dict()

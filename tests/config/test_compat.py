@@ -40,14 +40,16 @@ def test_fields_absent_from_old_checkpoints_read_as_their_old_meaning(tmp_path):
     assert config_differences(saved, mac) == [("model.memory_input", "attention_output",
                                                "segment_input")]
     # the memory's rule fields, added later: MemoryConfig's defaults, which the LMM ran before
-    # its preset decayed toward the initial state (so such a run resumes only with "zero")
+    # its preset decayed toward the initial state and stated its bound for heads of 64 (so such
+    # a run resumes only with "zero" and 0)
     lmm = load_config("lmm")
     saved = config_to_json_dict(lmm)
     rules = [k.split(".")[-1] for k in ABSENT_MEANS if k.startswith("model.memory.")]
     for leaf in rules:
         del saved["model"]["memory"][leaf]
-    assert config_differences(saved, lmm) == [("model.memory.decay_target", "zero", "initial")]
-    lmm.model.memory.decay_target = "zero"
+    assert config_differences(saved, lmm) == [("model.memory.decay_target", "zero", "initial"),
+                                              ("model.memory.theta_ref_head_dim", 0, 64)]
+    lmm.model.memory.decay_target, lmm.model.memory.theta_ref_head_dim = "zero", 0
     assert config_differences(saved, lmm) == []
     lmm.model.memory.attentional_bias = "huber"
     assert config_differences(saved, lmm) == [("model.memory.attentional_bias", "l2", "huber")]

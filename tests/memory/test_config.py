@@ -43,6 +43,7 @@ def test_from_a_config_section_one_to_one():
     ("dtype", "float16", "dtype: must be one of"),
     ("read", "before", "read: must be one of"),
     ("memory_activation", "relu", "memory_activation"),
+    ("theta_ref_head_dim", -64, r"theta_ref_head_dim: must be an int >= 0"),
 ])
 def test_bad_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -73,3 +74,28 @@ def test_defaults_are_in_the_stable_range():
             layer = NeuralMemory(dataclasses.replace(cfg, **kw), rngs=nnx.Rngs(0))
         outs.append(bool(jnp.isfinite(call_fresh(layer, x)).all()))
     assert outs == [True, False]
+
+
+def test_theta_bound_scales_with_the_head_width():
+    """theta_ref_head_dim D: theta's bound is theta_max sqrt(head_dim / D), in the gates too (a
+    layer at head_dim 16 with 0.3 stated for 64 is the layer with 0.15); TTT's gate refuses it."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from titans_lm.memory import NeuralMemory
+
+    base = dict(d_model=32, n_heads=2, head_dim=16, memory_expansion=2.0, surprise_max_norm=1.0)
+    scaled = MemoryConfig(theta_max=0.3, theta_ref_head_dim=64, **base)
+    assert scaled.theta_bound == 0.15 and MemoryConfig(theta_max=0.3, **base).theta_bound == 0.3
+    assert MemoryConfig(d_model=64, head_dim=64, theta_max=0.3, theta_ref_head_dim=64).theta_bound == 0.3
+    assert scaled.write_gain() == MemoryConfig(theta_max=0.15, **base).write_gain()
+    x = jax.random.normal(jax.random.key(3), (1, 32, 32))
+    outs = []
+    for cfg in (scaled, MemoryConfig(theta_max=0.15, **base), MemoryConfig(theta_max=0.3, **base)):
+        with nnx.use_eager_sharding(False):
+            outs.append(call_fresh(NeuralMemory(cfg, rngs=nnx.Rngs(0)), x))
+    assert jnp.array_equal(outs[0], outs[1]) and not jnp.allclose(outs[0], outs[2])
+    with pytest.raises(ValueError, match="theta_ref_head_dim: > 0 scales theta_max, which "
+                                         "gate_style 'ttt' does not use"):
+        MemoryConfig(gate_style="ttt", theta_ref_head_dim=64, **base)

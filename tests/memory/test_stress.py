@@ -89,6 +89,8 @@ def test_a_preset_stays_in_its_band_over_64k_adversarial_tokens(name, depth):
     W0 = model.init(jax.random.key(0), d, dv, jnp.float32)
     if not m.learned_w0:
         W0 = tuple(jnp.zeros_like(p) for p in W0)
+    # theta_max itself, not theta_bound: at head_dim 16 the LMM's bound (stated for 64) would be
+    # halved, and the unscaled one is the harder case (twice the write relative to W0)
     theta = m.ttt_base_lr / m.head_dim if m.gate_style == "ttt" else m.theta_max
     eta = m.eta_max if m.use_momentum else 0.0
     alpha = float(jax.nn.sigmoid(m.alpha_bias_init)) if m.use_decay else 0.0

@@ -31,7 +31,7 @@ from titans_lm.config.presets import (PAPER_SIZES, TINY_SHAPE, check_size, set_p
 MEMORY_DEFAULTS = dict(
     n_heads=4, head_dim=32, memory_depth=2, memory_expansion=4.0, memory_activation="silu",
     memory_bias=False, memory_residual_ln=False, memory_ln_fast=True, chunk_size=16,
-    theta_max=0.0005, gate_style="titans", ttt_base_lr=1.0, eta_max=0.9, gate_granularity="token",
+    theta_max=0.0005, theta_ref_head_dim=0, gate_style="titans", ttt_base_lr=1.0, eta_max=0.9, gate_granularity="token",
     use_momentum=True, use_decay=True, theta_bias_init=0.0, eta_bias_init=2.0,
     alpha_bias_init=-6.0, use_conv=True, conv_kernel=4, qk_l2_norm=True, v_l2_norm=False,
     use_output_gate=True, read="after_write", read_running_mean=False, surprise_max_norm=0.0,
@@ -110,15 +110,20 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # and the paper's gate learns S-NIAH to 16K but reads the book worse, and worse carried than
 # reset; with its branches summed (what configs/mag.py ships) it takes this write too
 # (docs/results/memory-suite.md#mags-write-the-lmms-bound). MAC and MAL keep the bound above.
+# The bound is stated for heads of 64 (``theta_ref_head_dim``): a narrower head's theta is bounded
+# by 0.3 sqrt(head_dim / 64), since a write's norm is bounded absolutely while ||W0|| grows as
+# sqrt(head_dim); at head_dim 16 (Atlas' tiny heads) the unscaled 0.3 read the book at 663.7 ppl
+# and half of it at 210.0 (docs/results/titans-family-rules.md#the-lmms-write-at-any-head-width).
 TITANS_MEMORY = dict(head_dim=64, memory_depth=2, memory_expansion=2.0, memory_activation="silu",
                      chunk_size=16, gate_style="titans", use_momentum=True, use_decay=True,
                      use_conv=True, qk_l2_norm=True, v_l2_norm=True, use_output_gate=True,
                      theta_max=0.0005,
                      eta_max=0.9, theta_bias_init=0.0, decay_target="initial")
-RAISED_WRITE = dict(theta_max=0.3, surprise_max_norm=1.0, theta_bias_init=-math.log(5.0))
+RAISED_WRITE = dict(theta_max=0.3, theta_ref_head_dim=64, surprise_max_norm=1.0,
+                    theta_bias_init=-math.log(5.0))
 # What RAISED_WRITE changes, at the Titans preset's values (a variant that keeps the preset's
 # write takes this, so a field added to RAISED_WRITE is undone with the others).
-PRESET_WRITE = {k: TITANS_MEMORY.get(k, 0.0) for k in RAISED_WRITE}
+PRESET_WRITE = {k: TITANS_MEMORY.get(k, MEMORY_DEFAULTS[k]) for k in RAISED_WRITE}
 
 
 # MIRAS' attentional biases and Atlas' feature map as memory overrides that any memory backbone

@@ -246,6 +246,10 @@ FIELDS: dict[str, Field] = {
     "model.memory.theta_max": _f("Titans gates: inner learning rate theta = theta_max * "
                                  "sigmoid(.); stable below ~0.0005 at chunk 16 without the surprise guard.", POSITIVE,
                                  MEMORY_BACKBONES),
+    "model.memory.theta_ref_head_dim": _f("Head width theta_max is stated for: theta is bounded by "
+                                          "theta_max * sqrt(head_dim / it), the same write relative "
+                                          "to W0 at any width (0 = theta_max as given).", _ints(0),
+                                          MEMORY_BACKBONES),
     "model.memory.gate_style": _f("'titans': theta from theta_max; 'ttt': TTT's "
                                   "ttt_base_lr * sigmoid(.) / head_dim; 'constant': theta = "
                                   "theta_max, no gate parameters.",

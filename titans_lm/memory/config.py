@@ -8,6 +8,7 @@ bad value raises ValueError naming it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 from titans_lm.memory.biases import BIASES, AttentionalBias, bias_problem, get_bias
@@ -65,6 +66,14 @@ class MemoryConfig:
       theta_max: upper bound of the Titans inner learning rate theta = theta_max * sigmoid(.).
         Default 0.0005 with eta_max 0.9: stable for any keys of unit norm at chunk 16
         (:func:`chunk_write_gain`; see "Stable range" below).
+      theta_ref_head_dim: the head width theta_max is stated for; 0 (default): theta_max as
+        given at any width. D > 0: the bound is theta_max * sqrt(head_dim / D)
+        (:attr:`theta_bound`), so a write moves the memory by the same fraction of its initial
+        state at any head width: a write's norm is bounded in absolute terms (theta times the
+        clipped surprise) while ||W0|| grows as sqrt(head_dim) (7.1 at head_dim 16, 14.0 at 64,
+        the Titans preset's init). The LMM's write (theta_max 0.3 at head_dim 64) trains at
+        head_dim 16 only at half that bound (docs/results/titans-family-rules.md). Titans and
+        constant gates; gate_style "ttt" already divides by head_dim and refuses it.
       gate_style: "titans": theta = theta_max * sigmoid(x w_theta + b_theta);
         "ttt": theta = ttt_base_lr * sigmoid(x w_theta + b_theta) / head_dim (TTT's learnable
         inner learning rate); "constant": theta = theta_max at every token, no theta parameters
@@ -107,7 +116,7 @@ class MemoryConfig:
         token's momentary surprise (the gradient of its inner loss at the chunk-start state, over
         all inner parameters) is clipped to this Frobenius norm before it enters the momentum,
         which is the same as lowering that token's theta. It bounds every write by
-        theta_max * surprise_max_norm / (1 - eta_max) whatever the memory's curvature (which
+        theta_bound * surprise_max_norm / (1 - eta_max) whatever the memory's curvature (which
         grows with memory_depth). Cost: one norm per token from the factors the engine already
         has (``scripts/benchmark.py --variants``). In "chunked" and "reference"; "pallas" (and "auto"
         on GPU/TPU) run "chunked" for it (the kernel does not clip).
@@ -218,6 +227,7 @@ class MemoryConfig:
     memory_ln_fast: bool = True
     chunk_size: int = 16
     theta_max: float = 0.0005
+    theta_ref_head_dim: int = 0
     gate_style: str = "titans"
     ttt_base_lr: float = 1.0
     eta_max: float = 0.9
@@ -276,6 +286,12 @@ class MemoryConfig:
              "memory_activation", "'swiglu' (three matrices, no biases) needs memory_depth 2 and "
              "memory_bias False")
         need(self.theta_max > 0, "theta_max", "must be positive")
+        need(isinstance(self.theta_ref_head_dim, int) and not isinstance(self.theta_ref_head_dim, bool)
+             and self.theta_ref_head_dim >= 0, "theta_ref_head_dim",
+             "must be an int >= 0 (0: theta_max at any head width)")
+        need(self.theta_ref_head_dim == 0 or self.gate_style != "ttt", "theta_ref_head_dim",
+             "> 0 scales theta_max, which gate_style 'ttt' does not use (its rate is "
+             "ttt_base_lr / head_dim); set it to 0")
         need(self.ttt_base_lr > 0, "ttt_base_lr", "must be positive")
         need(0 < self.eta_max <= 1, "eta_max", "must be in (0, 1]")
         need(self.gate_style in GATE_STYLES, "gate_style", f"must be one of {GATE_STYLES}")
@@ -351,10 +367,18 @@ class MemoryConfig:
         need(self.param_dtype in DTYPES, "param_dtype", f"must be one of {DTYPES}")
         need(self.norm_eps > 0, "norm_eps", "must be positive")
 
+    @property
+    def theta_bound(self) -> float:
+        """The bound of theta the gates use: theta_max, times sqrt(head_dim / theta_ref_head_dim)
+        where theta_ref_head_dim > 0."""
+        if self.theta_ref_head_dim:
+            return self.theta_max * math.sqrt(self.head_dim / self.theta_ref_head_dim)
+        return self.theta_max
+
     def write_gain(self) -> float:
         """:func:`chunk_write_gain` at the gates' upper bounds (Titans gates; unit keys)."""
         eta = self.eta_max if self.use_momentum else 0.0
-        return chunk_write_gain(self.theta_max, eta, self.chunk_size)
+        return chunk_write_gain(self.theta_bound, eta, self.chunk_size)
 
     def bias(self) -> AttentionalBias:
         """The attentional bias with its parameters (``titans_lm.memory.biases.get_bias``)."""

@@ -242,9 +242,9 @@ class NeuralMemory(nnx.Module):
             return jnp.einsum("btd,dh->bth", xi, w[...].astype(idt)) + b[...].astype(idt)
 
         if cfg.gate_style == "constant":
-            theta = jnp.full(xi.shape[:2] + (cfg.n_heads,), cfg.theta_max, idt)
+            theta = jnp.full(xi.shape[:2] + (cfg.n_heads,), cfg.theta_bound, idt)
         elif cfg.gate_style == "titans":
-            theta = gate_fns.titans_theta(pre(self.theta_w, self.theta_b), cfg.theta_max)
+            theta = gate_fns.titans_theta(pre(self.theta_w, self.theta_b), cfg.theta_bound)
         else:
             theta = gate_fns.ttt_theta(pre(self.theta_w, self.theta_b), cfg.ttt_base_lr,
                                        cfg.head_dim)
