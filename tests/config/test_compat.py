@@ -40,16 +40,20 @@ def test_fields_absent_from_old_checkpoints_read_as_their_old_meaning(tmp_path):
     assert config_differences(saved, mac) == [("model.memory_input", "attention_output",
                                                "segment_input")]
     # the memory's rule fields, added later: MemoryConfig's defaults, which the LMM ran before
-    # its preset decayed toward the initial state and stated its bound for heads of 64 (so such
-    # a run resumes only with "zero" and 0)
+    # its preset decayed toward the initial state (so such a run resumes only with "zero"); its
+    # bound, now stated for heads of 64, is the one it ran at head_dim 64, and not at 32
     lmm = load_config("lmm")
     saved = config_to_json_dict(lmm)
     rules = [k.split(".")[-1] for k in ABSENT_MEANS if k.startswith("model.memory.")]
     for leaf in rules:
         del saved["model"]["memory"][leaf]
+    assert lmm.model.memory.theta_ref_head_dim == lmm.model.memory.head_dim == 64
+    assert config_differences(saved, lmm) == [("model.memory.decay_target", "zero", "initial")]
+    lmm.model.memory.head_dim = saved["model"]["memory"]["head_dim"] = 32
     assert config_differences(saved, lmm) == [("model.memory.decay_target", "zero", "initial"),
                                               ("model.memory.theta_ref_head_dim", 0, 64)]
-    lmm.model.memory.decay_target, lmm.model.memory.theta_ref_head_dim = "zero", 0
+    lmm.model.memory.decay_target = "zero"
+    lmm.model.memory.head_dim = saved["model"]["memory"]["head_dim"] = 64
     assert config_differences(saved, lmm) == []
     lmm.model.memory.attentional_bias = "huber"
     assert config_differences(saved, lmm) == [("model.memory.attentional_bias", "l2", "huber")]

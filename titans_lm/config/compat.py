@@ -48,12 +48,22 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _same_model(key: str, a: Any, b: Any, want: Mapping[str, Any]) -> bool:
+    """Whether two different values of ``key`` build the same model: ``theta_ref_head_dim`` 0
+    (theta_max as given) and the memory's own head_dim (theta_max times 1) do."""
+    if key != "model.memory.theta_ref_head_dim" or not all(isinstance(x, int) for x in (a, b)):
+        return False
+    head_dim = want.get("model.memory.head_dim")
+    return (a or head_dim) == (b or head_dim)
+
+
 def config_differences(saved: Mapping[str, Any], requested: ml_collections.ConfigDict
                        ) -> list[tuple[str, Any, Any]]:
     """``(field, saved value, requested value)`` for each checked field that differs.
 
     Checked: every ``model.*`` field and :data:`DATA_FIELDS_CHECKED`, :data:`TRAIN_FIELDS_CHECKED`.
-    A field present on one side only counts as different (shown as ``<absent>``).
+    A field present on one side only counts as different (shown as ``<absent>``); values that
+    build the same model do not (``theta_ref_head_dim`` 0 and the head width).
     """
     want = _flatten(config_to_json_dict(requested))
     have = {**{k: v for k, v in ABSENT_MEANS.items() if not k.startswith("model.") or k in want},
@@ -63,7 +73,7 @@ def config_differences(saved: Mapping[str, Any], requested: ml_collections.Confi
     diffs = []
     for k in sorted(keys):
         a, b = have.get(k, "<absent>"), want.get(k, "<absent>")
-        if a != b:
+        if a != b and not _same_model(k, a, b, want):
             diffs.append((k, a, b))
     return diffs
 
