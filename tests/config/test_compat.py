@@ -57,6 +57,10 @@ def test_fields_absent_from_old_checkpoints_read_as_their_old_meaning(tmp_path):
     assert config_differences(saved, lmm) == []
     lmm.model.memory.attentional_bias = "huber"
     assert config_differences(saved, lmm) == [("model.memory.attentional_bias", "l2", "huber")]
+    # a checkpoint without a memory section: its memory fields are absent, not old defaults
+    saved = config_to_json_dict(load_config("transformer"))
+    memory = [(a, b) for k, a, b in config_differences(saved, lmm) if k.startswith("model.memory.")]
+    assert memory and all(a == "<absent>" for a, _ in memory)
 
 
 def test_refusal_names_each_field(tmp_path):

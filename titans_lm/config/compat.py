@@ -66,8 +66,13 @@ def config_differences(saved: Mapping[str, Any], requested: ml_collections.Confi
     build the same model do not (``theta_ref_head_dim`` 0 and the head width).
     """
     want = _flatten(config_to_json_dict(requested))
-    have = {**{k: v for k, v in ABSENT_MEANS.items() if not k.startswith("model.") or k in want},
-            **_flatten(saved)}
+    flat = _flatten(saved)
+    # an absent field reads as its old meaning only where its section was saved (a checkpoint
+    # of a model without a memory has no memory fields at all)
+    sections = {k.rsplit(".", 1)[0] for k in flat}
+    have = {**{k: v for k, v in ABSENT_MEANS.items()
+               if not k.startswith("model.") or (k in want and k.rsplit(".", 1)[0] in sections)},
+            **flat}
     keys = {k for k in set(want) | set(have) if k.startswith("model.")}
     keys |= {f"data.{f}" for f in DATA_FIELDS_CHECKED} | {f"train.{f}" for f in TRAIN_FIELDS_CHECKED}
     diffs = []
