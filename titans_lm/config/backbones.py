@@ -31,7 +31,8 @@ from titans_lm.config.presets import (PAPER_SIZES, TINY_SHAPE, check_size, set_p
 MEMORY_DEFAULTS = dict(
     n_heads=4, head_dim=32, memory_depth=2, memory_expansion=4.0, memory_activation="silu",
     memory_bias=False, memory_residual_ln=False, memory_ln_fast=True, chunk_size=16,
-    theta_max=0.0005, theta_ref_head_dim=0, gate_style="titans", ttt_base_lr=1.0, eta_max=0.9, gate_granularity="token",
+    theta_max=0.0005, theta_ref_head_dim=0, gate_style="titans", ttt_base_lr=1.0, eta_max=0.9,
+    gate_granularity="token",
     use_momentum=True, use_decay=True, theta_bias_init=0.0, eta_bias_init=2.0,
     alpha_bias_init=-6.0, use_conv=True, conv_kernel=4, qk_l2_norm=True, v_l2_norm=False,
     use_output_gate=True, read="after_write", read_running_mean=False, surprise_max_norm=0.0,
