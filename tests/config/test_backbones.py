@@ -79,6 +79,6 @@ def test_the_lmms_write_is_stated_for_heads_of_64():
     assert lmm.model.memory.head_dim == 64 and bound(lmm.model.memory) == RAISED_WRITE["theta_max"]
     lmm.model.memory.head_dim = 16
     assert bound(lmm.model.memory) == RAISED_WRITE["theta_max"] / 2
-    preset = titans_memory_section(**RAISED_WRITE, **{"head_dim": 16})
+    preset = titans_memory_section(**RAISED_WRITE, head_dim=16)
     preset.update(PRESET_WRITE)
     assert preset.to_dict() == titans_memory_section(head_dim=16).to_dict()

@@ -204,9 +204,10 @@ def probe(layer: NeuralMemory, x_BTD: jax.Array, setting: Setting, positions=POS
         gram.size - gram.size // b)
     theta0, eta0 = mean(theta), mean(inp.eta)
     eta_bound = cfg.eta_max if cfg.use_momentum else 0.0
+    theta_bound = cfg.theta_bound if setting.theta_max > 0 else 0.0
     return {
         "theta_max": setting.theta_max,
-        "theta_bound": cfg.theta_bound if setting.theta_max > 0 else 0.0,
+        "theta_bound": theta_bound,
         "eta_max": setting.eta_max if cfg.use_momentum else 0.0,
         "use_momentum": cfg.use_momentum, "alpha_bias_init": cfg.alpha_bias_init,
         "theta_bias_init": cfg.theta_bias_init, "eta_bias_init": cfg.eta_bias_init,
@@ -214,7 +215,7 @@ def probe(layer: NeuralMemory, x_BTD: jax.Array, setting: Setting, positions=POS
         "write_gain": (cfg.write_gain() if setting.theta_max > 0 else 0.0),
         "stable_below": 2 * (1 + eta_bound ** b),
         "write_gain_at_init": chunk_write_gain(theta0, eta0, b),
-        "effective_rate_max": (cfg.theta_bound if setting.theta_max > 0 else 0.0) / (1 - eta_bound),
+        "effective_rate_max": theta_bound / (1 - eta_bound),
         "key_cosine": float(key_cosine),
         **out,
     }
