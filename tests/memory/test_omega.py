@@ -40,11 +40,13 @@ def omega_problem(depth, window, seed=0):
 # memory depth -> cases (chunk size, window, state_length, options): chunk sizes 1, 4 and 16 at
 # c = 3, c = 6 > the chunk of 4 at both depths, the state inside a chunk (the carried-state path),
 # TTT's running-mean reads, the chunk-start read, the decay toward the initial state and Atlas'
-# whole write (the window's sum into the Newton-Schulz momentum)
+# whole write (the window's sum into the Newton-Schulz momentum); the window's mean
+# (omega_normalize) at both depths, across chunks and a carried tail
 CASES = {1: [(1, 3, None, {}), (16, 3, None, dict(running_mean=True)),
-             (4, 6, None, dict(read="chunk_start"))],
+             (4, 6, None, dict(read="chunk_start")), (4, 6, None, dict(omega_normalize=True))],
          2: [(4, 3, 10, {}), (4, 6, None, dict(decay_target="initial")),
-             (4, 6, 10, dict(ns_steps=5))]}
+             (4, 6, 10, dict(ns_steps=5)),
+             (1, 3, 10, dict(omega_normalize=True, decay_target="initial"))]}
 
 
 @pytest.mark.parametrize("depth", [1, 2])
@@ -103,6 +105,22 @@ def test_full_gates_in_one_document_sum_the_window():
     assert W[0, 0] == 0 and W[0, 1] > 0 and W[2, 3] == 0   # the invalid tail, the start
 
 
+def test_normalized_mask_rows_are_the_windows_mean():
+    """omega_normalize: each row is the plain row over its sum (weights of a mean, summing to 1);
+    a row whose gates are all 0 stays exactly 0 and its gradient finite."""
+    c, b = 3, 4
+    gamma = jnp.asarray([0.0, 0.0, 0.0, 0.5, 0.2, 0.9])
+    doc = jnp.asarray([0, 0, 0, 0, 1, 1])          # token 0's window: three zero gates
+    plain = np.asarray(omega_mask(gamma, doc, c))
+    mean = np.asarray(omega_mask(gamma, doc, c, normalize=True))
+    np.testing.assert_array_equal(mean[0], 0.0)
+    for s in range(1, b):
+        np.testing.assert_allclose(mean[s], plain[s] / plain[s].sum(), rtol=1e-6)
+        np.testing.assert_allclose(mean[s].sum(), 1.0, rtol=1e-6)
+    grad = jax.grad(lambda g: jnp.sum(omega_mask(g, doc, c, normalize=True) ** 2))(gamma)
+    assert np.all(np.isfinite(grad))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(omega_window=0), "omega_window must be an int >= 1"),
     (dict(omega_window=3), "needs gamma"),
@@ -112,6 +130,7 @@ def test_full_gates_in_one_document_sum_the_window():
           + (jnp.ones(1), jnp.ones(1, bool))), "omega_tail's k must be"),
     (dict(omega_window=3, gamma=jnp.ones(T), gradient_at="previous_token"),
      "gradient_at='previous_token' is not implemented"),
+    (dict(omega_normalize=True), "omega_normalize=True normalises the Omega window's sum"),
 ])
 def test_bad_omega_inputs_are_refused(kwargs, match):
     with jax.enable_x64(True):
@@ -121,17 +140,22 @@ def test_bad_omega_inputs_are_refused(kwargs, match):
                         model=model, chunk_size=4, **kwargs)
 
 
-def test_gamma_bias_gradient_equals_finite_differences():
+@pytest.mark.parametrize("normalize", [False, True], ids=["sum", "mean"])
+def test_gamma_bias_gradient_equals_finite_differences(normalize):
     """The layer's gamma gate is trained by the outer loss: d(loss)/d(gamma_b) by autodiff equals
-    central differences (float64, a window of 3 over chunks of 4, two documents)."""
+    central differences (float64, a window of 3 over chunks of 4, two documents), for the
+    window's sum and its mean (``omega_normalize``, which changes the layer's output)."""
     with jax.enable_x64(True):
-        cfg = MemoryConfig(d_model=8, n_heads=2, head_dim=4, chunk_size=4, memory_expansion=2.0,
-                           omega_window=3, dtype="float64", param_dtype="float64", theta_max=0.5,
-                           alpha_bias_init=-2.0)
-        graphdef, bias, rest = nnx.split(NeuralMemory(cfg, rngs=nnx.Rngs(0)),
-                                         nnx.PathContains("gamma_b"), ...)
+        make = lambda norm: NeuralMemory(MemoryConfig(  # noqa: E731
+            d_model=8, n_heads=2, head_dim=4, chunk_size=4, memory_expansion=2.0, omega_window=3,
+            omega_normalize=norm, dtype="float64", param_dtype="float64", theta_max=0.5,
+            alpha_bias_init=-2.0), rngs=nnx.Rngs(0))
+        graphdef, bias, rest = nnx.split(make(normalize), nnx.PathContains("gamma_b"), ...)
         x = jax.random.normal(jax.random.key(1), (1, 10, 8), jnp.float64)
         seg = jnp.asarray([[1] * 6 + [2] * 4])
+        if normalize:
+            other = call_fresh(make(False), x, seg)
+            assert float(jnp.max(jnp.abs(call_fresh(make(True), x, seg) - other))) > 1e-4
 
         def loss(gamma_b):
             with_b = jax.tree.map(lambda _: gamma_b, bias)
@@ -163,6 +187,8 @@ def test_pallas_runs_chunked_for_it():
     (dict(omega_window=0), "omega_window: must be an int >= 1"),
     (dict(omega_window=2, gradient_at="previous_token", memory_depth=1, use_momentum=False),
      "omega_window: > 1 .* needs gradient_at 'chunk_start'"),
+    (dict(omega_normalize=True), "omega_normalize: normalises the Omega window's sum: it needs "
+                                 "omega_window > 1"),
 ])
 def test_bad_omega_configs_are_refused(fields, match):
     with pytest.raises(ValueError, match=match):

@@ -39,7 +39,7 @@ MEMORY_DEFAULTS = dict(
     attentional_bias="l2", bias_p=3.0, huber_delta=1.0, feature_map="silu",
     feature_degree=2, read_normalizer=False, learned_w0=True,
     gradient_at="chunk_start", decay_target="zero", ns_steps=0, ns_gradient="exact",
-    fast_weight_norm=False, omega_window=1, omega_gamma_bias_init=2.0,
+    fast_weight_norm=False, omega_window=1, omega_gamma_bias_init=2.0, omega_normalize=False,
     impl="chunked", chunks_per_checkpoint=1, norm_eps=1e-6)
 
 

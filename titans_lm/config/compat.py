@@ -34,7 +34,7 @@ ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False,
                     "attentional_bias", "bias_p", "huber_delta", "feature_map", "feature_degree",
                     "read_normalizer", "learned_w0", "gradient_at", "decay_target", "ns_steps",
                     "ns_gradient", "fast_weight_norm", "omega_window", "omega_gamma_bias_init",
-                    "theta_ref_head_dim")}}
+                    "theta_ref_head_dim", "omega_normalize")}}
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -348,6 +348,10 @@ FIELDS: dict[str, Field] = {
     "model.memory.omega_gamma_bias_init": _f("Initial bias of the Omega rule's gamma gate "
                                              "(with omega_window > 1).", ("a number", None),
                                              MEMORY_BACKBONES),
+    "model.memory.omega_normalize": _f("With omega_window > 1: write the gamma-weighted mean of "
+                                       "the window's gradients instead of their sum, so that a "
+                                       "step bound chosen at c = 1 holds at any window (not in "
+                                       "Atlas).", _one_of(False, True), MEMORY_BACKBONES),
     "model.memory.impl": _f("Engine implementation (same math).",
                             ("'chunked' | 'reference' | 'pallas' | 'auto' or a registered one",
                              None), MEMORY_BACKBONES),

@@ -334,7 +334,8 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
                  attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
                  decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
                  fast_weight_norm: bool = False, omega_window: int = 1, gamma=None,
-                 omega_tail=None, no_momentum: bool = False, no_decay: bool = False):
+                 omega_tail=None, omega_normalize: bool = False, no_momentum: bool = False,
+                 no_decay: bool = False):
     """The ``chunked`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     ``gradient_at="previous_token"`` (online gradient descent, each token's gradient at the
@@ -391,6 +392,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
       omega_tail: None (a fresh stream) or (k [c - 1, d_k], v [c - 1, d_v], gamma [c - 1],
         valid bool [c - 1]) of the c - 1 tokens before token 0 (valid: in the document that
         continues at token 0).
+      omega_normalize: every row of Wmask divided by its sum (the window's gates-weighted mean).
       no_momentum: eta is 0 at every token (``eta`` is then ignored): the coefficients are
         formed without the momentum's [b, b] products (:func:`chunk_coefficients` with eta None).
       no_decay: alpha is 0 at every token (``alpha`` and ``log_keep`` are then ignored): the
@@ -472,7 +474,7 @@ def chunked_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model
         tk, tv, tg, tvalid = tail_or_empty(omega_tail, c, k.shape[1], v.shape[1], dt)
         ext = lambda tail, x: extended_windows(jnp.concatenate([tail, x]), n_all, b, c)  # noqa: E731
         k_x, v_x = ext(tk, k_p), ext(tv, v_p)
-        mask = jax.vmap(lambda gm, dc: omega_mask(gm, dc, c))(
+        mask = jax.vmap(lambda gm, dc: omega_mask(gm, dc, c, omega_normalize))(
             ext(tg, _pad_rows(gamma.astype(dt), total, 0)),
             extended_windows(document_ids(reset_p, tvalid), n_all, b, c))
         widen = lambda rows: None if rows is None else rows._replace(  # noqa: E731

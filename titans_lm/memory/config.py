@@ -190,6 +190,11 @@ class MemoryConfig:
         per chunk.
       omega_gamma_bias_init: initial bias of the gamma gate (2.0: sigmoid ~ 0.88, windows start
         mostly on).
+      omega_normalize: with omega_window > 1, write the gates-weighted mean of the window's
+        gradients, u_t / sum_j gamma_j, instead of their sum (not in Atlas; False: as Atlas
+        writes). The sum makes a write up to sum_j gamma_j (~0.88 c at init) times a c = 1
+        write, so a step bound chosen at c = 1 (theta_max, surprise_max_norm) no longer holds;
+        the mean keeps it at any c (docs/design.md#the-omega-rule).
       impl: engine implementation ("chunked", "reference", "pallas", "auto", or a registered
         one). Under a data/fsdp/tensor mesh "pallas" runs per shard (batch rows over data x fsdp,
         heads over tensor; ``titans_lm.memory.sharded``); n_heads should be a multiple of
@@ -259,6 +264,7 @@ class MemoryConfig:
     fast_weight_norm: bool = False
     omega_window: int = 1
     omega_gamma_bias_init: float = 2.0
+    omega_normalize: bool = False
     impl: str = "chunked"
     chunks_per_checkpoint: int = 1
     dtype: str = "float32"
@@ -336,6 +342,10 @@ class MemoryConfig:
              "gradient_at 'chunk_start'")
         need(isinstance(self.omega_gamma_bias_init, (int, float)), "omega_gamma_bias_init",
              "must be a number")
+        need(isinstance(self.omega_normalize, bool), "omega_normalize", "must be True or False")
+        need(not self.omega_normalize or self.omega_window > 1, "omega_normalize",
+             "normalises the Omega window's sum: it needs omega_window > 1; set omega_normalize "
+             "False or omega_window > 1")
         for field, default in (("attentional_bias", "l2"), ("gradient_at", "chunk_start")):
             need(getattr(self, field) == default or self.impl in ("chunked", "reference"), field,
                  f"other than {default!r} is supported by impl 'chunked' and 'reference' only "

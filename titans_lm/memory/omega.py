@@ -11,6 +11,11 @@ the reset target after a document start inside the chunk) and gamma_j in [0, 1] 
 and head. Atlas writes gamma_i^(t), which may depend on t; here gamma depends on the token j
 only, so the window is a banded matrix. c = ``omega_window`` = 1 is the engine's rule.
 
+``omega_normalize`` (not in Atlas) divides each u_t by sum_j gamma_j over the same window: the
+write becomes the gates-weighted mean of the window's gradients, so a write's size (with the
+surprise guard: at most 1 per gradient) no longer grows with c, and a step bound chosen for
+c = 1 holds at any window. Exactly a row normalisation of Wmask below.
+
 Dual form. Within a chunk of b tokens the state after token t is a linear combination of the
 gradients, P_t = ... - sum_s C[t, s] u_s. With u = Wmask g over the extended token set
 [c - 1 tokens before the chunk || the b chunk tokens] (their gradients all at P_base):
@@ -56,17 +61,20 @@ def extended_windows(x_full: jax.Array, n_chunks: int, chunk_size: int, window: 
     return x_full[idx]
 
 
-def omega_mask(gamma_ext: jax.Array, doc_ext: jax.Array, window: int) -> jax.Array:
+def omega_mask(gamma_ext: jax.Array, doc_ext: jax.Array, window: int,
+               normalize: bool = False) -> jax.Array:
     """[b, b + c - 1] Wmask of one chunk: u_s = sum_j Wmask[s, j] g_j over the extended set.
 
     Wmask[s, j] = gamma_j for the extended positions j of token s's window (s <= j <= s + c - 1
     in extended coordinates: the tokens s - c + 1 .. s of the chunk) that are in s's document
-    (``doc_ext[j] == doc_ext[s + c - 1]``), else exactly 0.
+    (``doc_ext[j] == doc_ext[s + c - 1]``), else exactly 0. With ``normalize`` every row is
+    divided by its sum (the window's gamma-weighted mean; a row whose gates are all 0 stays 0).
 
     Args:
       gamma_ext: [b + c - 1] gates gamma_j of the extended set.
       doc_ext: int [b + c - 1] document ids of the extended set (:func:`document_ids`).
       window: c >= 1.
+      normalize: ``MemoryConfig.omega_normalize``.
     """
     width = gamma_ext.shape[0]
     b = width - window + 1
@@ -74,7 +82,15 @@ def omega_mask(gamma_ext: jax.Array, doc_ext: jax.Array, window: int) -> jax.Arr
     j = jnp.arange(width)[None, :]
     band = (j >= s) & (j <= s + window - 1)
     same = doc_ext[None, :] == doc_ext[window - 1:][:, None]
-    return jnp.where(band & same, gamma_ext[None, :], jnp.zeros((), gamma_ext.dtype))
+    mask = jnp.where(band & same, gamma_ext[None, :], jnp.zeros((), gamma_ext.dtype))
+    return normalized_rows(mask) if normalize else mask
+
+
+def normalized_rows(w: jax.Array) -> jax.Array:
+    """w / sum(w) over the last axis (the window's gates -> weights of a mean); a row of zeros
+    stays zeros (its sum is replaced by 1, so the gradient is finite there too)."""
+    total = jnp.sum(w, axis=-1, keepdims=True)
+    return w / jnp.where(total > 0, total, jnp.ones((), w.dtype))
 
 
 def extend_rows(C: jax.Array, mask: jax.Array) -> jax.Array:
@@ -102,4 +118,5 @@ def tail_or_empty(omega_tail, window: int, d_k: int, d_v: int, dtype):
     return k.astype(dtype), v.astype(dtype), g.astype(dtype), jnp.asarray(valid).astype(bool)
 
 
-__all__ = ["document_ids", "extend_rows", "extended_windows", "omega_mask", "tail_or_empty"]
+__all__ = ["document_ids", "extend_rows", "extended_windows", "normalized_rows", "omega_mask",
+           "tail_or_empty"]

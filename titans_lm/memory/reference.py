@@ -25,7 +25,8 @@ stays where it is (docs/design.md#resets-inside-a-chunk).
 With ``omega_window`` c > 1 (Atlas' Omega rule, docs/design.md#the-omega-rule) the scan also carries
 the last c - 1 tokens (k, v, gamma, in-document flag; a document start clears the flags) and G is
 the gradient of sum_j gamma_j l(f(k_j; .), v_j) over the window j = t - c + 1..t of t's
-document, at P_start (each g_j clipped first where surprise_max_norm > 0).
+document, at P_start (each g_j clipped first where surprise_max_norm > 0); with
+``omega_normalize`` divided by that window's sum_j gamma_j.
 
 (see :func:`reference_scan` for outer-loop parameters and TTT's running-mean reads). With
 ``state_length`` L the scan also carries the state after token L - 1 (the initial state for
@@ -55,7 +56,7 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
                    attentional_bias=DEFAULT_BIAS, gradient_at: str = "chunk_start",
                    decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
                    fast_weight_norm: bool = False, omega_window: int = 1, gamma=None,
-                   omega_tail=None):
+                   omega_tail=None, omega_normalize: bool = False):
     """The ``reference`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Outer-loop parameters of the model (``model.outer_params()``) are never updated. With
@@ -77,7 +78,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
     ``fast_weight_norm`` rescales the weight matrices to ``reset_to``'s column norms at every
     mini-batch end, after that token's read (:mod:`titans_lm.memory.weight_norm`).
     ``omega_window`` c > 1 takes ``gamma`` [T] and ``omega_tail`` (k [c - 1, d_k], v [c - 1, d_v],
-    gamma [c - 1], valid bool [c - 1] of the tokens before token 0, or None: a fresh stream).
+    gamma [c - 1], valid bool [c - 1] of the tokens before token 0, or None: a fresh stream);
+    ``omega_normalize`` divides each window's sum by its gates' sum.
     """
     zeros = tuple(jnp.zeros_like(m) for m in momentum0)
     grad_fn = jax.grad(lambda p, k_, v_: model.loss(p, k_, v_, attentional_bias))
@@ -102,6 +104,8 @@ def reference_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, mod
         wk = jnp.concatenate([rk, k_t[None]])
         wv = jnp.concatenate([rv, v_t[None]])
         w = jnp.concatenate([jnp.where(rvalid, rg, 0), gamma_t[None]])
+        if omega_normalize:   # the gates-weighted mean of the window's gradients
+            w = w / jnp.where(jnp.sum(w) > 0, jnp.sum(w), 1)
         per_token = jax.vmap(lambda k_, v_: clip(grad_fn(base, k_[None], v_[None])))(wk, wv)
         G = tuple(jnp.tensordot(w, g, axes=1) for g in per_token)
         ring = (wk[1:], wv[1:], jnp.concatenate([rg, gamma_t[None]])[1:],

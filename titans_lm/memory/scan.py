@@ -117,7 +117,7 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
                 attentional_bias: str = DEFAULT_BIAS, gradient_at: str = "chunk_start",
                 decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
                 fast_weight_norm: bool = False, omega_window: int = 1, gamma=None, omega_tail=None,
-                **impl_options):
+                omega_normalize: bool = False, **impl_options):
     """Run the neural memory over one head's sequence: write every token, read every query.
 
     Titans' long-term memory (Behrouz et al. 2025, arXiv:2501.00663, eqs. 12-15) with mini-batch
@@ -229,6 +229,9 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
         gamma [c - 1], valid bool [c - 1]); valid: the token is in the document that continues at
         token 0 (a start at token 0 still cuts it off). One call over a sequence equals calls
         over its parts when each passes the previous part's last c - 1 tokens here.
+      omega_normalize: with omega_window > 1, divide each u_t by sum_j gamma_j over its window
+        (the gates-weighted mean of the window's gradients; not in Atlas): a write's size no
+        longer grows with c (:mod:`titans_lm.memory.omega`).
       **impl_options: passed to the implementation (chunked: ``chunks_per_checkpoint``).
         ``inside_starts`` (a bool scalar, possibly traced: does any document start inside a
         chunk? ``titans_lm.memory.chunked.starts_inside_chunks``) lets "chunked" and "pallas"
@@ -321,7 +324,8 @@ def memory_scan(params0, momentum0, k, v, q, theta, eta, alpha, *, model: InnerM
     for name, constant in (("no_momentum", no_momentum), ("no_decay", no_decay)):
         if constant and _accepts(fn, name):
             impl_options[name] = True
-    impl_options.update(_check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v))
+    impl_options.update(_check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v,
+                                     omega_normalize))
     if _accepts(fn, "inside_starts"):
         if impl_options.get("inside_starts") is None:
             impl_options["inside_starts"] = _inside_starts(given_reset, reset, chunk_size)
@@ -414,7 +418,10 @@ def _check_newton_schulz(fn, impl, ns_steps, ns_gradient, gradient_at, running_m
     if not _accepts(fn, "ns_steps"):
         raise ValueError(f"ns_steps > 0 is supported by impl 'chunked', 'reference', 'pallas' and "
                          f"'auto' only, not {impl!r}; change impl or set ns_steps=0")
-def _check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v) -> dict:
+
+
+def _check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v,
+                 omega_normalize=False) -> dict:
     """The implementation options of the Omega rule (none for omega_window = 1), validated: one
     ValueError naming the argument and the fix for a bad window, gate or tail, or a combination
     that is not implemented."""
@@ -425,6 +432,9 @@ def _check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v) -
             if value is not None:
                 raise ValueError(f"{name} is an input of the Omega rule only; pass it with "
                                  f"omega_window > 1, or drop it")
+        if omega_normalize:
+            raise ValueError("omega_normalize=True normalises the Omega window's sum; pass it "
+                             "with omega_window > 1, or drop it")
         return {}
     if gradient_at != GRADIENT_AT[0]:
         raise ValueError(f"omega_window > 1 (the Omega rule) takes every gradient at the chunk "
@@ -442,6 +452,8 @@ def _check_omega(fn, impl, omega_window, gamma, omega_tail, gradient_at, k, v) -
         raise ValueError(f"gamma must be [T] = [{T}] (one gate per token), got {tuple(gamma.shape)}")
     _check_unit_interval("gamma", gamma)
     options = {"omega_window": omega_window, "gamma": gamma}
+    if omega_normalize:
+        options["omega_normalize"] = True
     if omega_tail is not None:
         if not isinstance(omega_tail, (tuple, list)) or len(omega_tail) != 4:
             raise ValueError("omega_tail must be a tuple (k, v, gamma, valid) of the c - 1 tokens "

@@ -203,8 +203,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                 state_length=None, inside_starts=None, decay_target: str = "zero",
                 ns_steps: int = 0, ns_gradient: str = "exact", fast_weight_norm: bool = False,
                 omega_window: int = 1, gamma=None, omega_tail=None,
-                surprise_max_norm: float = 0.0, no_momentum: bool = False,
-                no_decay: bool = False):
+                omega_normalize: bool = False, surprise_max_norm: float = 0.0,
+                no_momentum: bool = False, no_decay: bool = False):
     """The ``pallas`` implementation of :func:`titans_lm.memory.memory_scan` (validated inputs).
 
     Args (besides memory_scan's):
@@ -233,8 +233,8 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
         ns_steps > 0 runs ``chunked`` (logged once).
       fast_weight_norm: as memory_scan's; the kernel does not normalise, so True runs
         ``chunked`` (logged once).
-      omega_window, gamma, omega_tail: as memory_scan's; the kernel has no Omega window, so
-        omega_window > 1 runs ``chunked`` (logged once).
+      omega_window, gamma, omega_tail, omega_normalize: as memory_scan's; the kernel has no
+        Omega window, so omega_window > 1 runs ``chunked`` (logged once).
       surprise_max_norm: as memory_scan's (the guard); the kernel does not clip, so a value
         > 0 runs ``chunked`` (logged once).
       no_momentum, no_decay: eta, resp. alpha, is 0 at every token (memory_scan's None gates):
@@ -258,6 +258,7 @@ def pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model:
                             ns_steps=ns_steps, ns_gradient=ns_gradient,
                             fast_weight_norm=fast_weight_norm,
                             omega_window=omega_window, gamma=gamma, omega_tail=omega_tail,
+                            omega_normalize=omega_normalize,
                             surprise_max_norm=surprise_max_norm, no_momentum=no_momentum,
                             no_decay=no_decay)
 
@@ -319,16 +320,17 @@ def auto_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, *, model: I
               running_mean: bool = False, log_keep=None, state_length=None, inside_starts=None,
               decay_target: str = "zero", ns_steps: int = 0, ns_gradient: str = "exact",
               fast_weight_norm: bool = False, omega_window: int = 1, gamma=None, omega_tail=None,
-              surprise_max_norm: float = 0.0, no_momentum: bool = False, no_decay: bool = False,
-              **pallas_options):
+              omega_normalize: bool = False, surprise_max_norm: float = 0.0,
+              no_momentum: bool = False, no_decay: bool = False, **pallas_options):
     """The ``auto`` implementation: :func:`pallas_scan` on GPU/TPU, ``chunked`` on CPU.
 
     ``pallas_options`` (backend, interpret, precision) apply only when the kernel runs;
     ``inside_starts``, ``decay_target``, ``ns_steps``, ``ns_gradient``, ``fast_weight_norm``,
-    the Omega rule's ``omega_window``, ``gamma``, ``omega_tail``, ``surprise_max_norm``,
-    ``no_momentum`` and ``no_decay`` as :func:`pallas_scan`'s.
+    the Omega rule's ``omega_window``, ``gamma``, ``omega_tail``, ``omega_normalize``,
+    ``surprise_max_norm``, ``no_momentum`` and ``no_decay`` as :func:`pallas_scan`'s.
     """
     rules = dict(omega_window=omega_window, gamma=gamma, omega_tail=omega_tail,
+                 omega_normalize=omega_normalize,
                  surprise_max_norm=surprise_max_norm, no_momentum=no_momentum, no_decay=no_decay)
     if auto_choice(jax.default_backend()) == "pallas":
         return pallas_scan(params0, momentum0, k, v, q, theta, eta, alpha, reset, model=model,
