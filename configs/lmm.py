@@ -6,7 +6,7 @@ tokens prepended to the sequence.
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
 ``titans_lm.config.backbones.titans_config``; the LMM writes with the raised bound under the
 surprise guard (``RAISED_WRITE``: theta_max 0.3 with theta starting at 0.05, surprise_max_norm
-1; MAG takes it too, MAC and MAL keep 0.0005).
+1; MAC and MAG take it too, MAL keeps 0.0005).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def get_config(size: str = "tiny"):
     # branches MAG learns S-NIAH with it (carried to 4K in 3 runs of 4) and reads the book 4%
     # worse (docs/results/memory-suite.md#mags-write-the-lmms-bound); the preset's write:
     # --config.model.memory.theta_max=0.0005 --config.model.memory.surprise_max_norm=0
-    # --config.model.memory.theta_bias_init=0
+    # --config.model.memory.theta_bias_init=0 --config.model.memory.theta_ref_head_dim=0
     c = titans_config("mag", size, _PAPER, memory=RAISED_WRITE)
     c.model.memory_layers = "all"
     # A deviation from the paper (its operator: "gate"): the branches are added, so the memory's

@@ -5,8 +5,9 @@ tokens of adversarial input (docs/design.md#stable-range), in float32 as trained
   random) with random unit values (the memory cannot fit them, so the surprise never ends);
 - gates at their bounds: theta = its maximum, eta = eta_max (with momentum), alpha = the gate's
   initial value (with decay; training moves it);
-- the presets are those of ``configs/*.py`` (deduplicated: MAC, MAG and MAL share one, the LMM's
-  raises the write bound under the surprise guard), both at memory depth 1 to 4;
+- the presets are those of ``configs/*.py`` (deduplicated: the LMM, MAC and MAG share the raised
+  write bound under the surprise guard, MAL keeps the Titans preset's), both at memory depth 1
+  to 4;
 - LaCT's (SwiGLU fast weights, the dot bias, chunks of 512) keeps its weight matrices at W0's
   column norms (``fast_weight_norm``), so its band holds by construction;
 - Atlas' (the Omega window with every gamma at 1, Muon on the momentum, polynomial keys: the
@@ -57,7 +58,7 @@ def presets() -> dict:
     return out
 
 
-CASES = [(name, depth) for name in ("lmm", "mac") for depth in (1, 2, 3, 4)] + [
+CASES = [(name, depth) for name in ("lmm", "mal") for depth in (1, 2, 3, 4)] + [
     (name, None) for name in ("ttt_linear", "ttt_mlp", "linear_attention", "deltanet",
                               "gated_deltanet", "lact", "atlas")]
 

@@ -106,7 +106,6 @@ def test_eval_ignores_damaged_optimizer_state_and_falls_back_on_damaged_paramete
     workdir, _ = _copy(run6, tmp_path)
     g, grel = _file(workdir, 6, "opt_state.")
     g.write_bytes(b"")
-    lines = []
     kw = dict(wikitext=False, log=lambda m: None, progress=False)
     import contextlib
     import io
