@@ -370,9 +370,8 @@ class NeuralMemory(nnx.Module):
             if sl is not None:
                 kw["state_length"] = sl
             if om_ is not None:
-                kw.update(omega_window=cfg.omega_window, gamma=om_[0], omega_tail=om_[1:])
-                if cfg.omega_normalize:
-                    kw["omega_normalize"] = True
+                kw.update(omega_window=cfg.omega_window, gamma=om_[0], omega_tail=om_[1:],
+                          omega_normalize=cfg.omega_normalize)
             # One flag for all rows, so that it stays a branch under vmap: without a document
             # start inside a chunk the engines skip that work (the kernel runs).
             # Without momentum / decay their gates are the constant 0: passed as None, so the

@@ -83,10 +83,10 @@ def omega_mask(gamma_ext: jax.Array, doc_ext: jax.Array, window: int,
     band = (j >= s) & (j <= s + window - 1)
     same = doc_ext[None, :] == doc_ext[window - 1:][:, None]
     mask = jnp.where(band & same, gamma_ext[None, :], jnp.zeros((), gamma_ext.dtype))
-    return normalized_rows(mask) if normalize else mask
+    return _normalized_rows(mask) if normalize else mask
 
 
-def normalized_rows(w: jax.Array) -> jax.Array:
+def _normalized_rows(w: jax.Array) -> jax.Array:
     """w / sum(w) over the last axis (the window's gates -> weights of a mean); a row of zeros
     stays zeros (its sum is replaced by 1, so the gradient is finite there too)."""
     total = jnp.sum(w, axis=-1, keepdims=True)
@@ -118,5 +118,4 @@ def tail_or_empty(omega_tail, window: int, d_k: int, d_v: int, dtype):
     return k.astype(dtype), v.astype(dtype), g.astype(dtype), jnp.asarray(valid).astype(bool)
 
 
-__all__ = ["document_ids", "extend_rows", "extended_windows", "normalized_rows", "omega_mask",
-           "tail_or_empty"]
+__all__ = ["document_ids", "extend_rows", "extended_windows", "omega_mask", "tail_or_empty"]
