@@ -11,7 +11,7 @@ from titans_lm.config import validate
 from titans_lm.config.backbones import (MEMORY_DEFAULTS, MEMORY_VARIANTS, PRESET_WRITE,
                                         RAISED_WRITE, TITANS_MEMORY,
                                         backbone_config, memory_section, memory_variant,
-                                        titans_config, titans_memory_section)
+                                        titans_config, titans_memory_section, ttt_config)
 from titans_lm.config.presets import PAPER_SIZES
 from titans_lm.memory.config import MemoryConfig
 
@@ -55,6 +55,19 @@ def test_titans_config_uses_the_titans_memory():
     assert c.model.memory.eta_max == 0.9
     assert c.model.memory.to_dict() == titans_memory_section().to_dict()
     assert titans_config("mag", "170m", shapes).model.n_persistent == 16
+
+
+def test_ttt_config_short_conv_is_the_only_difference_it_makes():
+    shapes = {s: (768, 12, 2048) for s in PAPER_SIZES}
+    off = ttt_config("ttt_linear", "tiny", shapes, paper_base_lr=1.0, memory_depth=1)
+    on = ttt_config("ttt_linear", "tiny", shapes, paper_base_lr=1.0, memory_depth=1,
+                    short_conv=True)
+    assert not off.model.memory.use_conv and on.model.memory.use_conv
+    on.model.memory.use_conv = False
+    assert on.to_dict() == off.to_dict()
+    # the shipped presets: TTT-Linear with the convolution, TTT-MLP without
+    assert load_config("ttt_linear").model.memory.use_conv
+    assert not load_config("ttt_mlp").model.memory.use_conv
 
 
 @pytest.mark.parametrize("name", sorted(MEMORY_VARIANTS))

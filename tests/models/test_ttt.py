@@ -31,9 +31,11 @@ def test_ttt_settings(name, inner, paper_lr):
     shipped = build(small_model_cfg(name, "float32", n_layers=1)).blocks[0].mixer.memory
     names = set(nnx.to_pure_dict(nnx.state(shipped, nnx.Param)))
     assert {"alpha_w", "alpha_b"} <= names
-    # TTT's layer as published: one override away
-    memory = build(small_model_cfg(name, "float32", n_layers=1,
-                                   memory__use_decay=False)).blocks[0].mixer.memory
+    # TTT-Linear ships the Mamba backbone's short convolution, TTT-MLP does not
+    assert ({"conv_q", "conv_k", "conv_v"} <= names) == (name == "ttt_linear")
+    # TTT's layer as published (the Transformer backbone's): use_decay and use_conv off
+    memory = build(small_model_cfg(name, "float32", n_layers=1, memory__use_decay=False,
+                                   memory__use_conv=False)).blocks[0].mixer.memory
     assert memory.model == inner
     names = set(nnx.to_pure_dict(nnx.state(memory, nnx.Param)))
     assert "w0" in names and not {"eta_w", "eta_b", "alpha_w", "alpha_b", "conv_q", "w_gate"} & names
@@ -55,8 +57,8 @@ def test_ttt_settings(name, inner, paper_lr):
     assert theta.max() < base_lr / 16 and (theta[np.broadcast_to(~real, theta.shape)] == 0).all()
 
 
-def test_gate_and_conv_variant():
-    model = run_probe("ttt_linear", memory__use_output_gate=True, memory__use_conv=True)
+def test_gate_variant():
+    model = run_probe("ttt_linear", memory__use_output_gate=True)
     names = set(nnx.to_pure_dict(nnx.state(model.blocks[0].mixer.memory, nnx.Param)))
     assert {"w_gate", "conv_q", "conv_k", "conv_v"} <= names
 

@@ -257,7 +257,7 @@ TTT_LENGTH = dict(use_decay=True, decay_target="initial")
 
 
 def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float,
-               **inner_model) -> ml_collections.ConfigDict:
+               short_conv: bool = False, **inner_model) -> ml_collections.ConfigDict:
     """:func:`backbone_config` of a TTT backbone (Sun et al. 2024, arXiv:2407.04620).
 
     The TTT layer as the token mixer of Transformer++ blocks: residual + LayerNorm inner model
@@ -267,8 +267,11 @@ def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float
     the running mean of its gradients so far (``read_running_mean``: TTT's 1/i), no momentum
     (eta = 0 exactly), TTT's learnable inner learning rate
     ``ttt_base_lr * sigmoid(x w + b) / head_dim`` with ``paper_base_lr`` converted by
-    :func:`ttt_engine_lr`, head_dim 64, no q/k normalisation; the paper's gate and short
-    convolution off (``model.memory.use_output_gate``, ``model.memory.use_conv``).
+    :func:`ttt_engine_lr`, head_dim 64, no q/k normalisation; the paper's output gate off
+    (``model.memory.use_output_gate``). ``short_conv``: the causal short convolution of TTT's
+    Mamba backbone (kernel 4, here on q, k and v: ``model.memory.use_conv``), which lets the
+    memory store "previous tokens -> this token" (configs/ttt_linear.py ships it, with its
+    measurement).
 
     One deviation from the paper, for length (:data:`TTT_LENGTH`): the Titans forget gate
     decaying toward W0 (``use_decay``, ``decay_target="initial"``). TTT's layer as published
@@ -283,7 +286,7 @@ def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float
     memory = memory_section(head_dim=64, memory_residual_ln=True, memory_ln_fast=False,
                             memory_bias=True, read_running_mean=True, chunk_size=chunk,
                             gate_style="ttt", ttt_base_lr=ttt_engine_lr(paper_base_lr, chunk),
-                            use_momentum=False, use_conv=False,
+                            use_momentum=False, use_conv=short_conv, conv_kernel=4,
                             qk_l2_norm=False, use_output_gate=False, **TTT_LENGTH, **inner_model)
     return backbone_config(name, size, paper_shapes, memory)
 

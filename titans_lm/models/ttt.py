@@ -22,7 +22,9 @@ The TTT layer is the memory engine with the TTT settings of the config's ``memor
   exactly).
 
 Options: the paper's gate (``use_output_gate``: output * SiLU(x W_g), its Mamba-backbone variant)
-and causal short convolution on q, k, v (``use_conv``). Differences from the reference
+and causal short convolution on q, k, v (``use_conv``, after the Mamba backbone's; TTT-Linear's
+config ships it: without it k_t, v_t and q_t come from token t alone and TTT-Linear learnt no
+S-NIAH, ``docs/results/memory-suite.md``). Differences from the reference
 implementation: the layer's projections pass through SiLU (the memory layer's fixed choice) and
 start from a fan-in init (TTT: normal(0.02)), there is no RoPE inside the TTT layer, ttt-lm-jax's
 learnable offset of the 1/i read weights (zero at init) is not modelled, and the output norm is an
