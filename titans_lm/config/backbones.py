@@ -286,7 +286,7 @@ def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float
     memory = memory_section(head_dim=64, memory_residual_ln=True, memory_ln_fast=False,
                             memory_bias=True, read_running_mean=True, chunk_size=chunk,
                             gate_style="ttt", ttt_base_lr=ttt_engine_lr(paper_base_lr, chunk),
-                            use_momentum=False, use_conv=short_conv, conv_kernel=4,
+                            use_momentum=False, use_conv=short_conv,
                             qk_l2_norm=False, use_output_gate=False, **TTT_LENGTH, **inner_model)
     return backbone_config(name, size, paper_shapes, memory)
 
