@@ -65,9 +65,9 @@ def test_ttt_config_short_conv_is_the_only_difference_it_makes():
     assert not off.model.memory.use_conv and on.model.memory.use_conv
     on.model.memory.use_conv = False
     assert on.to_dict() == off.to_dict()
-    # the shipped presets: TTT-Linear with the convolution, TTT-MLP without
+    # the shipped presets: both with the convolution
     assert load_config("ttt_linear").model.memory.use_conv
-    assert not load_config("ttt_mlp").model.memory.use_conv
+    assert load_config("ttt_mlp").model.memory.use_conv
 
 
 @pytest.mark.parametrize("name", sorted(MEMORY_VARIANTS))

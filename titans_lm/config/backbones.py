@@ -270,8 +270,8 @@ def ttt_config(name: str, size: str, paper_shapes: dict, *, paper_base_lr: float
     :func:`ttt_engine_lr`, head_dim 64, no q/k normalisation; the paper's output gate off
     (``model.memory.use_output_gate``). ``short_conv``: the causal short convolution of TTT's
     Mamba backbone (kernel 4, here on q, k and v: ``model.memory.use_conv``), which lets the
-    memory store "previous tokens -> this token" (configs/ttt_linear.py ships it, with its
-    measurement).
+    memory store "previous tokens -> this token" (both TTT configs ship it, with their
+    measurements; configs/ttt_mlp.py also takes TTT-Linear's ``paper_base_lr``).
 
     One deviation from the paper, for length (:data:`TTT_LENGTH`): the Titans forget gate
     decaying toward W0 (``use_decay``, ``decay_target="initial"``). TTT's layer as published
