@@ -112,7 +112,8 @@ def memory_section(**overrides) -> ml_collections.ConfigDict:
 # reset; with its branches summed (what configs/mag.py ships) it takes this write too
 # (docs/results/memory-suite.md#mags-write-the-lmms-bound), and so does MAC, which found no S-NIAH
 # needle at the bound above (docs/results/memory-suite.md#macs-write-the-lmms-bound). MAL keeps
-# the bound above.
+# the preset's 5e-4: with this write it found no needle either and read the book 7% worse
+# (docs/results/memory-suite.md#mal-with-the-lmms-write).
 # The bound is stated for heads of 64 (``theta_ref_head_dim``): a narrower head's theta is bounded
 # by 0.3 sqrt(head_dim / 64), since a write's norm is bounded absolutely while ||W0|| grows as
 # sqrt(head_dim); at head_dim 16 (Atlas' tiny heads) the unscaled 0.3 read the book at 663.7 ppl
