@@ -22,15 +22,14 @@ _PAPER = {
     "760m": (1536, 23, 4096),
 }
 SIZES = ("tiny",) + PAPER_SIZES
-PAPER_BASE_LR = 0.1  # TTT's base_lr for TTT-MLP
-# With the paper's base lr, with or without the short convolution, TTT-MLP found no S-NIAH needle
+# With the paper's base lr (0.1), with or without the short convolution, TTT-MLP found no S-NIAH needle
 # at 1K-16K (0%; trained on 128-token rows). With both TTT-Linear's base lr and the convolution
 # both seeds learnt the task (carried 1K / 4K / 16K: 94.4 / 87.8 / 39.1% on the mean) and read
 # the book 5.9% better (reset 198.9 / 194.3 against 207.4 / 210.6; carried 197.7 / 193.4).
 # ``--config.model.memory.ttt_base_lr=0.003125 --config.model.memory.use_conv=False``: the
 # paper's step and no convolution.
 # docs/results/memory-suite.md#ttt-mlp-the-convolution-and-ttt-linears-step
-BASE_LR = 1.0
+BASE_LR = 1.0  # TTT-Linear's base_lr; ttt_config converts it (ttt_engine_lr)
 SHORT_CONV = True
 
 

@@ -28,7 +28,7 @@ def test_ttt_settings(name, inner):
     # mini-batch mean, in the engine's convention
     base_lr = cfg.memory.ttt_base_lr
     assert base_lr == 1.0 / (2 * cfg.memory.chunk_size)
-    assert cfg.memory.use_decay and cfg.memory.decay_target == "initial"  # the one deviation
+    assert cfg.memory.use_decay and cfg.memory.decay_target == "initial"  # the deviation for length
     shipped = build(small_model_cfg(name, "float32", n_layers=1)).blocks[0].mixer.memory
     names = set(nnx.to_pure_dict(nnx.state(shipped, nnx.Param)))
     assert {"alpha_w", "alpha_b"} <= names
