@@ -1,14 +1,10 @@
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _tiny_run import call_cli
 from titans_lm.eval import by_position as bp
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_edges_are_log_spaced_and_cover_the_positions():
@@ -67,16 +63,14 @@ def test_plot_and_script_write_the_figure(tmp_path):
     (w / "by_position_test_step7.json").unlink()
     out = bp.plot_by_position({"a": r}, tmp_path / "one.png")
     assert out.stat().st_size > 1000
-    plot = [sys.executable, "-m", "titans_lm.cli", "plot", "--by_position"]
-    res = subprocess.run(plot + [str(tmp_path / "lmm"), str(tmp_path / "transformer"),
-                                 f"--out={tmp_path / 'fig.png'}"],
-                         capture_output=True, text=True, cwd=REPO)
+    plot = ["plot", "--by_position"]
+    res = call_cli(plot + [str(tmp_path / "lmm"), str(tmp_path / "transformer"),
+                           f"--out={tmp_path / 'fig.png'}"])
     assert res.returncode == 0, res.stderr
     assert set(json.loads(res.stdout)["curves"]) == {"lmm", "transformer"}
     assert (tmp_path / "fig.png").stat().st_size > 1000
-    bad = subprocess.run(plot + [str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    bad = call_cli(plot + [str(tmp_path)])
     assert bad.returncode == 1 and "no by_position" in bad.stderr
-    helped = subprocess.run([sys.executable, "-m", "titans_lm.cli", "plot", "--help"],
-                            capture_output=True, text=True, cwd=REPO)
+    helped = call_cli(["plot", "--help"])
     assert helped.returncode == 0 and "--by_position:" in helped.stdout
     assert "--pattern:" in helped.stdout and "--title:" in helped.stdout

@@ -72,8 +72,10 @@ def test_stream_positions_index_each_document():
     assert seen == sum(len(d) - 1 for d in docs)
 
 
-@pytest.mark.parametrize("name,changes", [("lmm", {}), ("transformer", {"max_context": T})])
-def test_buckets_sum_to_the_run_totals(x64, name, changes):
+# The memory's norms need a memory; the reset windows' losses are the driver's, one backbone's.
+@pytest.mark.parametrize("name,changes,check_reset", [("lmm", {}, False),
+                                                      ("transformer", {"max_context": T}, True)])
+def test_buckets_sum_to_the_run_totals(x64, name, changes, check_reset):
     fns, params = _model(name, **changes)
     docs = _docs([4 * T + 1, 7, 2 * T + 3], seed=1)
     mesh = _mesh()
@@ -93,6 +95,8 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
     np.testing.assert_allclose(sum(r["loss_sum"]), carry.nll_nats, rtol=1e-10)
     np.testing.assert_allclose(r["total_loss"], carry.nll_nats, rtol=1e-10)
     assert pos.max() == 4 * T - 1 and r["edges"][-1] > 4 * T - 1
+    if not check_reset:
+        return
     params_sh = shd.param_shardings(fns.abstract_params(), fns.logical_axes, mesh)
     reset = score_documents(make_score_fn(fns, params_sh, mesh), params, docs, [], seq_len=T,
                             batch_size=3, mesh=mesh)
@@ -103,12 +107,11 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes):
 
 
 # One case per kind of carried state: the memory alone (the LMM, two layers: every layer's memory
-# is reset; TTT's is the same ``MemoryState``), attention beside it (MAG, MAL) and MAC's segments
-# (one layer each). A reset asked inside a window takes effect at the next window (T + 3 -> 2 T),
-# one at a window start at once (T).
+# is reset; TTT's is the same ``MemoryState``), attention beside it (MAL; MAG's state is of the
+# same kind) and MAC's segments (one layer each). A reset asked inside a window takes effect at the
+# next window (T + 3 -> 2 T), one at a window start at once (T).
 @pytest.mark.parametrize("name,changes,ablate_at,where", [
-    ("lmm", {}, T + 3, 2 * T), ("mag", {"n_layers": 1}, T + 3, 2 * T),
-    ("mal", {"n_layers": 1}, T, T),
+    ("lmm", {}, T + 3, 2 * T), ("mal", {"n_layers": 1}, T, T),
     # segments of 24: the reset at 32 falls inside the second segment (buffer of 8 kept)
     ("mac", {"segment_len": 3 * T // 2, "n_layers": 1}, 2 * T, 2 * T)])
 def test_ablation_changes_only_positions_from_p(x64, name, changes, ablate_at, where):
@@ -150,7 +153,7 @@ def test_ablation_summary_counts_nonfinite_losses():
     assert "non-finite" not in format_ablation(ok)
 
 
-@pytest.mark.parametrize("name", ["lmm", "mag", "mac"])
+@pytest.mark.parametrize("name", ["lmm", "mac"])
 def test_fixture_memories_stay_in_their_stable_range(x64, name):
     """The models above write into their memories (theta_max 0.05) without diverging: at 0.5
     the weights of every memory grew past 1e20 in 3 windows and MAG's reads overflowed to NaN

@@ -3,7 +3,10 @@ at every offset inside a memory chunk (so inside a MAC segment and inside a slid
 and a one-token document ending the row. Changing another document's tokens, or replacing the
 other documents by padding, changes no logit of a document (to 1e-10; the isolation table
 ``ISOLATION`` is printed with -s), and the gradients of a document's loss are those of the document
-alone.
+alone. Causality in the same rows: changing one token of the second document (at every phase of a
+chunk and of a MAC segment, as the offset moves) leaves every earlier logit bit-for-bit unchanged
+and changes its own. Packing: the second document at a chunk (and segment) start gives the logits
+it gives at the start of a row of its own (to 1e-10).
 
 Sizes (``tests/_backbones.py``): d_model 32, memory chunk 16, window 24, MAC segment 32, 3
 persistent tokens, and one layer: isolation is each mixer's (the rest of the model acts per token),
@@ -39,10 +42,14 @@ def model_cfg(name: str):
     return small_model_cfg(name, "float64", memory__chunk_size=CHUNK, n_layers=1)
 
 
+CAUSAL = 7                 # row 4 changes B's token at s + CAUSAL
+N_ROWS = 5
+
+
 def rows(offset: int, seed: int = 0):
-    """Four rows of one layout: documents A = [0, s), B = [s, T - 1), C = [T - 1, T) with
+    """Five rows of one layout: documents A = [0, s), B = [s, T - 1), C = [T - 1, T) with
     s = FIRST + offset. 0 the packed row; 1 A's tokens changed; 2 B alone (A and C padding);
-    3 A's and B's tokens changed."""
+    3 A's and B's tokens changed; 4 B's token at s + CAUSAL changed."""
     rng = np.random.default_rng(seed + offset)
     s = FIRST + offset
     tok = rng.integers(4, VOCAB, T).astype(np.int32)
@@ -51,8 +58,10 @@ def rows(offset: int, seed: int = 0):
     changed_a = np.where(seg == 1, other, tok)
     alone_b = np.where(seg == 2, tok, 0)
     changed_ab = np.where(seg < 3, other, tok)
-    tokens = np.stack([tok, changed_a, alone_b, changed_ab])
-    segs = np.stack([seg, seg, np.where(seg == 2, 2, 0), seg])
+    one = tok.copy()
+    one[s + CAUSAL] = 4 + (tok[s + CAUSAL] - 3) % (VOCAB - 4)   # another token id
+    tokens = np.stack([tok, changed_a, alone_b, changed_ab, one])
+    segs = np.stack([seg, seg, np.where(seg == 2, 2, 0), seg, seg])
     return tokens, segs.astype(np.int32), s
 
 
@@ -88,16 +97,24 @@ def test_documents_starting_at_every_offset_are_isolated(name):
         layouts = [rows(o) for o in range(CHUNK)]
         tokens = np.concatenate([t for t, _, _ in layouts])
         segs = np.concatenate([g for _, g, _ in layouts])
+        b0 = tokens[0, FIRST:T - 1]                  # offset 0: B starts a chunk; B at 0, alone
+        tokens = np.concatenate([tokens, np.pad(b0, (0, T - len(b0)))[None]])
+        segs = np.concatenate([segs, np.pad(np.full(len(b0), 2, np.int32), (0, T - len(b0)))[None]])
         logits = np.asarray(forward(jnp.asarray(tokens), jnp.asarray(segs)))
+        np.testing.assert_allclose(logits[-1, :len(b0)], logits[0, FIRST:T - 1], rtol=0, atol=ATOL,
+                                   err_msg=f"{name}: a packed document differs from it alone")
         worst = 0.0
         for o, (_, _, s) in enumerate(layouts):
-            r = logits[4 * o:4 * o + 4]
+            r = logits[N_ROWS * o:N_ROWS * (o + 1)]
             change = max(np.max(np.abs(r[1, s:] - r[0, s:])),          # A changed: B and C
                          np.max(np.abs(r[2, s:T - 1] - r[0, s:T - 1])),  # B alone
                          np.max(np.abs(r[3, T - 1] - r[0, T - 1])))      # A, B changed: C
             ISOLATION[(name, o)] = float(change)
             worst = max(worst, float(change))
             assert np.max(np.abs(r[1, :s] - r[0, :s])) > 1e-3          # A's change is seen in A
+            j = s + CAUSAL                                               # causality
+            np.testing.assert_array_equal(r[4, :j], r[0, :j], err_msg=f"{name}: token {j}")
+            assert np.max(np.abs(r[4, j] - r[0, j])) > 0, f"{name}: token {j} unseen"
         print(f"\n| {name} | " + " | ".join(f"{ISOLATION[(name, o)]:.1e}" for o in range(CHUNK))
               + " |")
         assert worst <= ATOL, {o: ISOLATION[(name, o)] for o in range(CHUNK)}

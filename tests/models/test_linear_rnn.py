@@ -1,24 +1,16 @@
 """The linear-RNN backbones (Linear Transformer, DeltaNet, Gated DeltaNet) on the memory engine:
-each is causal and keeps packed documents apart (``run_probe``), linear attention's read
-normaliser equals Katharopoulos et al.'s y_t = phi(q_t) S_t / (phi(q_t) z_t + eps) written here
-and never divides by zero. Carried state, decode and
-documents at every chunk offset: tests/models/test_stateful.py and test_documents.py."""
+linear attention's read normaliser equals Katharopoulos et al.'s
+y_t = phi(q_t) S_t / (phi(q_t) z_t + eps) written here and never divides by zero. Causality,
+documents at every chunk offset, carried state and decode: tests/models/test_documents.py and
+test_stateful.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
-from _backbones import run_probe
 from titans_lm.memory import MemoryConfig, NeuralMemory
 from titans_lm.nn.stream import fresh_stream_state, make_stream
-
-
-@pytest.mark.parametrize("name", ["linear_attention", "gated_deltanet"])
-def test_causal_and_packed_documents_equal_each_alone(name):
-    """DeltaNet is Gated DeltaNet without the forget gate (same engine path)."""
-    run_probe(name)
 
 
 def linear_attention_layer():

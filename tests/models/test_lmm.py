@@ -14,8 +14,9 @@ from titans_lm.models.memory_mixer import MemoryMixer
 NP = 3  # persistent tokens of the test configs: not a multiple of the chunk size 16
 
 
-def test_causal_and_packed_documents_equal_alone():
-    model = run_probe("lmm")
+def test_the_lmm_is_memory_layers_after_persistent_tokens():
+    """(Causality and documents: tests/models/test_documents.py; Atlas' below.)"""
+    model = build(small_model_cfg("lmm", "float32"))
     assert isinstance(model.blocks[0].mixer, MemoryMixer) and model.blocks[0].mixer.memory.cfg.eta_max == 0.9
     assert model.persistent.tokens[...].shape == (NP, 32)
 

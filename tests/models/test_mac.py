@@ -15,10 +15,9 @@ from titans_lm.nn.context_attention import ContextAttention
 N = 32  # segment length of the test configs
 
 
-def test_causal_and_packed_documents_equal_alone():
-    """Segments of 32: documents start on segment starts. Causality is checked inside one chunk
-    and one segment too (perturbed positions 21, 40, 93, 127)."""
-    model = run_probe("mac")
+def test_mac_layers():
+    """(Causality and documents at every offset in a segment: tests/models/test_documents.py.)"""
+    model = build(small_model_cfg("mac", "float32"))
     assert [type(b.mixer) for b in model.blocks] == [MACMixer, MACMixer]
 
 

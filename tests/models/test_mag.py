@@ -15,8 +15,9 @@ from titans_lm.nn.stream import fresh_stream_state, make_stream
 NP = 3
 
 
-def test_causal_and_packed_documents_equal_alone():
-    model = run_probe("mag")  # 3 persistent tokens, window 24
+def test_mag_layers_after_persistent_tokens():
+    """(Causality and documents: tests/models/test_documents.py.)"""
+    model = build(small_model_cfg("mag", "float32"))  # 3 persistent tokens, window 24
     assert [type(b.mixer) for b in model.blocks] == [MAGMixer, MAGMixer]
     assert model.persistent.tokens[...].shape == (NP, 32)
     assert model.blocks[0].mixer.attention.window == 24

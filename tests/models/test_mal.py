@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _backbones import build, forward_mixer, load_config, mixer_input, run_probe, small_model_cfg
+from _backbones import build, forward_mixer, load_config, mixer_input, small_model_cfg
 from titans_lm.models.mal import MALMixer
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.stream import fresh_stream_state, make_stream
@@ -13,8 +13,9 @@ from titans_lm.nn.stream import fresh_stream_state, make_stream
 NP = 3
 
 
-def test_causal_and_packed_documents_equal_alone():
-    model = run_probe("mal")  # 3 persistent tokens, window 24
+def test_mal_layers_after_persistent_tokens():
+    """(Causality and documents: tests/models/test_documents.py.)"""
+    model = build(small_model_cfg("mal", "float32"))  # 3 persistent tokens, window 24
     assert [type(b.mixer) for b in model.blocks] == [MALMixer, MALMixer]
     assert model.persistent.tokens[...].shape == (NP, 32)
 

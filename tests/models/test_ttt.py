@@ -11,8 +11,9 @@ from titans_lm.models.memory_mixer import MemoryMixer
 
 
 @pytest.mark.parametrize("name", ["ttt_linear", "ttt_mlp"])
-def test_causal_and_packed_documents_equal_alone(name):
-    model = run_probe(name)
+def test_ttt_is_memory_layers_without_persistent_tokens(name):
+    """(Causality and documents: tests/models/test_documents.py.)"""
+    model = build(small_model_cfg(name, "float32"))
     assert isinstance(model.blocks[0].mixer, MemoryMixer) and model.persistent is None
 
 
