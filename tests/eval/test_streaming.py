@@ -98,7 +98,8 @@ def _long_forward_nll(fns, params, doc):
     return -logp[0, np.arange(len(doc) - 1), doc[1:]].sum()
 
 
-@pytest.mark.parametrize("name,changes", [("transformer", {"max_context": 4 * T}), ("lmm", {})],
+@pytest.mark.parametrize("name,changes", [("transformer", {"max_context": 4 * T}),
+                                          ("lmm", {"n_layers": 1})],
                          ids=["transformer_full_context", "lmm"])
 def test_carry_equals_one_long_forward(name, changes):
     """Where the model sees the whole document in one call (a memory model; full attention with

@@ -1,6 +1,7 @@
 """Prefill + token-by-token decoding with the carried state equals one parallel forward, and a
 batch of prompts of different lengths decodes each row as if alone (float64 models)."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -51,12 +52,12 @@ def test_decode_equals_parallel_forward(name, changes):
     """Prompts shorter than a chunk (3), of exactly one chunk (8) and longer than the attention
     window / a chunk (19); greedy decoding of 6 tokens."""
     fns, params = _model(name, **changes)
-    model = fns.module(params)
+    forward = jax.jit(lambda t, s: fns.module(params)(t, s))  # one compilation per length
     for L in (3, 8, 19):
         p = _prompt(L, L)
         gen, logits = _run(fns, params, [p], 6)
         seq = np.concatenate([p, gen.new_tokens[0]])[None, :-1]
-        want = np.asarray(model(seq, np.ones_like(seq)))[:, L - 1:]
+        want = np.asarray(forward(seq, np.ones_like(seq)))[:, L - 1:]
         np.testing.assert_allclose(logits, want, rtol=0, atol=1e-10)
         np.testing.assert_array_equal(gen.new_tokens[0], np.argmax(want[0], -1))
         assert gen.decode_steps == 5 and gen.prefill_tokens == L

@@ -27,7 +27,8 @@ def objective(weights, impl, model, chunk, *args, **kw):
     return value, (reads, P, S)
 
 
-@pytest.mark.parametrize("T", [1, 5, 64, 100])
+# one token, whole chunks of 16, and a ragged last chunk
+@pytest.mark.parametrize("T", [1, 64, 100])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_chunked_matches_reference_values_and_gradients(name, T):
     model = MODELS[name]

@@ -11,10 +11,11 @@ tokens of adversarial input (docs/design.md#stable-range), in float32 as trained
 - LaCT's (SwiGLU fast weights, the dot bias, chunks of 512) keeps its weight matrices at W0's
   column norms (``fast_weight_norm``), so its band holds by construction;
 - Atlas' (the Omega window with every gamma at 1, Muon on the momentum, polynomial keys: the
-  key width of a head of 16) runs 16,384 tokens, not 64K: its write materialises every token's
+  key width of a head of 16) runs 4,096 tokens, not 64K: its write materialises every token's
   state and runs 5 Newton-Schulz steps on it (about 5 MFLOP a token here), and each write is
   theta times a matrix of unit singular values whatever the input, so the decay toward W0
-  bounds it after ~1 / alpha tokens as it does the LMM's;
+  bounds it after ~1 / alpha tokens as it does the LMM's (1 / alpha is about 400 at Atlas'
+  gate initialisation: 4,096 tokens leave e^-10 of the start);
 - the band: a memory with a learned W0 keeps ||P_t|| within [1/2, 2] x ||P_init||, or within
   [1/2, 60 theta_max] x ||P_init|| under the surprise guard with a raised bound (each write at
   most 10 theta_max in norm, so how far the state strays from W0 grows with the bound; measured
@@ -38,7 +39,7 @@ from titans_lm.memory import memory_scan
 from titans_lm.models.memory_mixer import memory_config
 
 T = 65_536
-T_MUON = 16_384   # presets with Newton-Schulz steps (module docstring)
+T_MUON = 4_096   # presets with Newton-Schulz steps (module docstring)
 REPO = Path(__file__).resolve().parents[2]
 
 

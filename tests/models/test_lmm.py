@@ -116,7 +116,8 @@ def test_memory_output_projection_gets_the_residual_init():
 def test_jvp_of_the_loss_through_the_model_matches_a_finite_difference():
     """Forward-mode differentiation through the whole model (``forward_mode()`` on the CPU,
     ``titans_lm.nn.project``): the directional derivative of the tiny LMM's loss w.r.t. its
-    parameters equals a central finite difference and ``jax.linearize`` (float64)."""
+    parameters equals a central finite difference (float64; ``jax.linearize`` is this jvp
+    partially evaluated, nothing of its own to test)."""
     from titans_lm.nn.project import forward_mode
     from titans_lm.train.state import model_fns
     from titans_lm.train.step import loss_sums, split_batch
@@ -139,14 +140,12 @@ def test_jvp_of_the_loss_through_the_model_matches_a_finite_difference():
         direction = jax.tree.unflatten(tree, [d / norm for d in direction])  # a unit direction
         with forward_mode():
             value, tangent = jax.jit(lambda p, d: jax.jvp(loss, (p,), (d,)))(params, direction)
-            lin_tangent = jax.jit(lambda p, d: jax.linearize(loss, p)[1](d))(params, direction)
         h = 1e-4
         shifted = lambda s: jax.tree.map(lambda p, d: p + s * d, params, direction)  # noqa: E731
         jloss = jax.jit(loss)  # one compilation for the three plain evaluations
         fd = (float(jloss(shifted(h))) - float(jloss(shifted(-h)))) / (2 * h)
         assert abs(float(tangent)) > 1e-6
         np.testing.assert_allclose(float(tangent), fd, rtol=1e-6)
-        np.testing.assert_allclose(float(lin_tangent), float(tangent), rtol=1e-10)
         np.testing.assert_allclose(float(value), float(jloss(params)), rtol=1e-12)
 
 

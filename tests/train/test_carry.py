@@ -27,17 +27,19 @@ from titans_lm.train.step import carried_nll_sum, eval_step, loss_sums, split_ba
 from titans_lm.train.validation import carried_validation_batches, make_carried_validation
 
 T = 64  # window; memory chunk 16, MAC segment 32, attention window 24 (tests/_backbones.py)
+# One layer: the step carries the state pytree whatever its depth (every layer's carried state
+# in its own slot: tests/models/test_stateful.py).
 F64 = jnp.dtype("float64")
 
 
 def _model_cfg(name: str) -> ml_collections.ConfigDict:
     if name == "transformer":
         m = load_config("transformer").model
-        m.vocab_size, m.d_model, m.n_layers, m.d_ff, m.n_heads = VOCAB, 32, 2, 64, 2
+        m.vocab_size, m.d_model, m.n_layers, m.d_ff, m.n_heads = VOCAB, 32, 1, 64, 2
         m.dtype = m.param_dtype = "float64"
         m.max_context = 2 * T  # sees both windows, as the one call over them does
         return m
-    return small_model_cfg(name, "float64", memory__chunk_size=16)
+    return small_model_cfg(name, "float64", memory__chunk_size=16, n_layers=1)
 
 
 def _stream(seed: int = 0) -> dict[str, np.ndarray]:
