@@ -85,7 +85,7 @@ def test_buckets_sum_to_the_run_totals(x64, name, changes, check_reset):
     r = loss_by_position(loss, pos)
     # one record per window batch (rows: the 4 T + 1 and the 2 T + 3 document, then the 7),
     # each memory's norm relative to W0 (the LMM's one layer here; none for Transformer++; one
-    # per layer: tests/train/test_step.py)
+    # per layer: tests/models/test_lm.py)
     assert [t for t, _ in norms] == [T, 2 * T, 3 * T, 4 * T]
     assert all(len(v) == (1 if name == "lmm" else 0) and all(0 < x < 10 for x in v)
                for _, v in norms)
