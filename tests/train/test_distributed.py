@@ -60,16 +60,14 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
     for s in two:
         assert abs(two[s] - one.losses[s]) < 1e-5, (s, two[s], one.losses[s])
     assert sorted(p.name for p in (tmp_path / "mp" / "checkpoints").iterdir()) == ["5"]
-    # The 2 x 4 checkpoint restores on 1 x 8 (here) and 1 x 1 (a fresh process); evaluation
-    # gives the same numbers on each; the 1 x 8 checkpoint evaluates on 2 x 4.
+    # The 2 x 4 checkpoint restores on 1 x 8 (here) and the 1 x 8 checkpoint evaluates on 2 x 4,
+    # with the same numbers. (A checkpoint restored onto any other mesh, 1 x 1 included:
+    # tests/train/test_checkpoint.py; the eval command in a fresh process:
+    # tests/generate/test_cli.py.)
     from titans_lm.eval.evaluate import evaluate
     from titans_lm.eval.results import latest_result
     kw = dict(wikitext=False, log=lambda m: None, progress=False)
     on8 = next(iter(evaluate(tmp_path / "mp", **kw).values()))["model"]["nll_nats"]
-    p = run_cli(["eval", f"--workdir={tmp_path / 'mp'}", "--nowikitext"])
-    assert p.returncode == 0, p.stderr
-    on1 = latest_result(tmp_path / "mp", "tinyshakespeare-test")
-    assert on1["model"]["nll_nats"] == pytest.approx(on8, rel=1e-6)
     ref = next(iter(evaluate(tmp_path / "one", **kw).values()))["model"]["nll_nats"]
     p = run_cli(["launch", "--num_processes=2", "--devices_per_process=4", "--command=eval",
                  f"--log_dir={tmp_path / 'elogs'}", "--timeout_s=240", "--",
