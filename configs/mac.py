@@ -56,6 +56,7 @@ def get_config(size: str = "tiny"):
     # with the segment input; with the paper's wiring the tiny MAC learned to ignore its memory
     # (docs/results/mac-memory.md).
     c.model.memory_input = "segment_input"
+    c.model.combine = "gate"   # the paper's y ⊗ M*(.); "sum": y + M*(.), as configs/mag.py ships
     c.model.memory_ablation = "none"  # an evaluation probe (titans_lm.models.mac)
     if c.model.size != "tiny":
         c.data.doc_align = c.model.segment_len  # documents start on segment starts

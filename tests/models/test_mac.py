@@ -105,6 +105,25 @@ def test_segment_input_writes_and_reads_the_segment_input():
                                    atol=1e-12)
 
 
+def test_the_sum_combine_adds_the_branches():
+    """combine="sum": o = y + M*(x) read through the memory's output head, segment by segment,
+    with no parameters of its own; with the gated read ablated, o = y."""
+    with jax.enable_x64(True):
+        mixer = _mixer(combine="sum", memory_input="segment_input")
+        x = jax.random.normal(jax.random.key(4), (1, 96, 32), jnp.float64)
+        ids = jnp.ones((1, 96), jnp.int32)
+        o, aux = _COLLECT(mixer, x, ids)
+        output = nnx.jit(lambda mem, r, src: mem.output(r, src))
+        for n in range(3):
+            seg = slice(n * N, (n + 1) * N)
+            want = aux["y"][n] + output(mixer.memory, aux["m_reads"][n], x[:, seg])
+            np.testing.assert_allclose(o[:, seg], want, rtol=1e-10, atol=1e-12)
+        assert not nnx.to_pure_dict(nnx.state(mixer.combine, nnx.Param))
+        ablated = _mixer(combine="sum", memory_input="segment_input", memory_ablation="gated_read")
+        o, aux = _COLLECT(ablated, x, ids)
+        np.testing.assert_allclose(o, jnp.moveaxis(aux["y"], 0, 1).reshape(o.shape), rtol=1e-12)
+
+
 def test_ablating_both_paths_cuts_the_earlier_segments_off():
     """memory_ablation="both": a segment's output no longer depends on earlier segments (they
     reach it only through the memory); "retrieval" alone keeps the gated read's dependence."""
@@ -131,6 +150,9 @@ def test_config_fields_and_errors():
     with pytest.raises(ValueError, match="multiple of model.memory.chunk_size"):
         build(small_model_cfg("mac", "float32", segment_len=24))
     assert cfg.memory_input == "segment_input" and cfg.memory_ablation == "none"
+    assert cfg.combine == "gate"
+    with pytest.raises(ValueError, match="model.combine"):
+        build(small_model_cfg("mac", "float32", combine="product"))
     with pytest.raises(ValueError, match="memory_input"):
         build(small_model_cfg("mac", "float32", memory_input="x"))
     with pytest.raises(ValueError, match="MAC does not take model.memory.omega_window"):

@@ -15,7 +15,9 @@ The attention mask lets a token see every persistent token, and h_j and x_j only
 before its own position, inside its own document; persistent tokens are parameters of each MAC
 layer (``titans_lm.nn.context_attention``). The ⊗ is the gate of MAG (``titans_lm.nn.gated_combine``:
 normalised branches with learned weights, sigmoid, output projection); the paper leaves the MAC
-operator open. h_j is mapped to the model width by the memory's output head (RMSNorm per head,
+operator open. With ``combine="sum"`` (a deviation, as for MAG: ``titans_lm.nn.gated_combine``) the
+branches are added, o_t = y_t W_O^attn + M*_t(.) read through the memory's output head, both
+projections with the depth-scaled init. h_j is mapped to the model width by the memory's output head (RMSNorm per head,
 output gate, W_O) before it joins the attention's context.
 
 Documents: the memory state resets to (W0, 0) at every document start, at any position (a start
@@ -55,8 +57,8 @@ written and carried. ``"none"`` (the default) runs the layer as described.
 
 Model config fields: ``titans_lm.models.lm.SHELL_FIELDS``, ``n_heads``, ``rope_theta``,
 ``segment_len``, ``n_persistent`` (per layer), ``memory_layers`` and ``memory`` (whose
-``eta_max`` bounds the momentum gate); optional ``memory_input`` (default "attention_output")
-and ``memory_ablation`` (default "none").
+``eta_max`` bounds the momentum gate); optional ``memory_input`` (default "attention_output"),
+``combine`` (default "gate") and ``memory_ablation`` (default "none").
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ from titans_lm.models.memory_mixer import make_memory, memory_config, memory_lay
 from titans_lm.models.registry import register
 from titans_lm.nn.context_attention import ContextAttention
 from titans_lm.nn.dtypes import to_dtype
-from titans_lm.nn.gated_combine import GatedCombine
+from titans_lm.nn.gated_combine import GatedCombine, SumCombine, combine_mode
 from titans_lm.nn.init import scaled_out_std
 
 MAC_FIELDS = ("n_heads", "rope_theta", "segment_len", "n_persistent", "memory_layers", "memory")
@@ -182,7 +184,8 @@ class MACMixer(nnx.Module):
     Args:
       memory: the layer's ``NeuralMemory`` (attribute ``memory``).
       attention: ``ContextAttention`` over [persistent || h || segment] (attribute ``attention``).
-      combine: ``GatedCombine`` for y ⊗ M*(y) (attribute ``combine``).
+      combine: ``GatedCombine`` for y ⊗ M*(y), or ``SumCombine`` for y + M*(y) (attribute
+        ``combine``).
       segment_len: N, a multiple of the memory's chunk size. T need not be a multiple of N (the
         last segment is padded; padding writes nothing and its outputs are dropped).
       memory_input: what the memory is written and read with, one of :data:`MEMORY_INPUTS`
@@ -383,6 +386,7 @@ def build_mac(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     out_std = scaled_out_std(model_cfg.init_std, model_cfg.n_layers)
     dtype = to_dtype(model_cfg.dtype)
     param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
+    summed = combine_mode(model_cfg) == "sum"
 
     def attention(out_init_std: float, rngs: nnx.Rngs) -> ContextAttention:
         return ContextAttention(model_cfg.d_model, model_cfg.n_heads,
@@ -394,10 +398,15 @@ def build_mac(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     def make_mixer(layer: int, rngs: nnx.Rngs):
         if layer not in layers:
             return SegmentAttentionMixer(attention(out_std, rngs), seg)
-        memory = make_memory(mcfg, rngs=rngs)
-        combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
-                               param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-        return MACMixer(memory, attention(model_cfg.init_std, rngs), combine, seg,
+        if summed:   # both output projections feed the residual stream: depth-scaled init
+            memory = make_memory(mcfg, rngs=rngs, out_init_std=out_std)
+            combine, attention_out_std = SumCombine(), out_std
+        else:
+            memory = make_memory(mcfg, rngs=rngs)
+            combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
+                                   param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
+            attention_out_std = model_cfg.init_std
+        return MACMixer(memory, attention(attention_out_std, rngs), combine, seg,
                         memory_input=str(model_cfg.get("memory_input", "attention_output")),
                         ablation=str(model_cfg.get("memory_ablation", "none")))
 

@@ -47,12 +47,11 @@ from titans_lm.models.memory_mixer import make_memory, memory_config, memory_lay
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.dtypes import to_dtype
-from titans_lm.nn.gated_combine import GatedCombine
+from titans_lm.nn.gated_combine import GatedCombine, SumCombine, combine_mode
 from titans_lm.nn.init import scaled_out_std
 from titans_lm.nn.stream import Stream
 
 HYBRID_FIELDS = ("n_heads", "rope_theta", "window", "n_persistent", "memory_layers", "memory")
-COMBINES = ("gate", "sum")
 MAG_ABLATIONS = MEMORY_ABLATIONS["mag"]  # ("none", "gated_read")
 
 
@@ -115,32 +114,6 @@ class MAGMixer(nnx.Module):
         return self.memory.memory_norms(state[1])
 
 
-class SumCombine(nnx.Module):
-    """``combine(y_BTD, m_BTD) -> y + m``: the branches added, no parameters (LaCT's block).
-
-    Raises:
-      ValueError: if y and m differ in shape.
-    """
-
-    def __call__(self, y_BTD: jax.Array, m_BTD: jax.Array) -> jax.Array:
-        if y_BTD.shape != m_BTD.shape:
-            raise ValueError(f"SumCombine wants y and m of one shape, got {y_BTD.shape} and "
-                             f"{m_BTD.shape}")
-        return y_BTD + m_BTD.astype(y_BTD.dtype)
-
-
-def mag_combine(model_cfg) -> str:
-    """The ``combine`` field of a MAG model config ("gate" where absent).
-
-    Raises:
-      ValueError: for a value other than "gate" or "sum".
-    """
-    combine = str(model_cfg.get("combine", "gate"))
-    if combine not in COMBINES:
-        raise ValueError(f"model.combine must be one of {COMBINES}, got {combine!r}")
-    return combine
-
-
 def hybrid_attention(model_cfg, out_init_std: float, *, rngs: nnx.Rngs) -> Attention:
     """The sliding-window attention of a MAG/MAL layer (or of a layer without memory), with slots
     for the model's persistent tokens. With ``window`` 0 it is full attention bounded by
@@ -163,7 +136,7 @@ def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     mcfg, n_p, layers, out_std = hybrid_settings(model_cfg)
     dtype = to_dtype(model_cfg.dtype)
     param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
-    summed = mag_combine(model_cfg) == "sum"
+    summed = combine_mode(model_cfg) == "sum"
     ablation = str(model_cfg.get("memory_ablation", "none"))
 
     def make_mixer(layer: int, rngs: nnx.Rngs):

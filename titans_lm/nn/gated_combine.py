@@ -1,4 +1,4 @@
-"""Non-linear gate that merges an attention branch and a memory branch (Titans MAG/MAC's ⊗).
+"""How a hybrid merges its attention branch and its memory branch (Titans MAG/MAC's ⊗).
 
 Titans (Behrouz et al. 2025, arXiv:2501.00663, section 4.2, eq. 28 and the text after it) combines
 the sliding-window attention output y and the memory output m as o = y ⊗ M(x~), where "we normalize
@@ -11,6 +11,10 @@ projection". Here:
 with separate learned RMSNorm scales for the two branches (the vector-valued weights), σ the
 logistic sigmoid (so the memory decides, per channel, how much of the attention output passes), and
 a bias-free output projection W_O [D, D]. MAC's o = y ⊗ M*(y) (eq. 25) uses the same gate.
+
+``model.combine`` chooses between it ("gate", the paper's; what an absent field means) and
+:class:`SumCombine` ("sum": o = y + m, each branch through its own output projection, as LaCT's
+block adds window attention and the TTT layer; a deviation from Titans, docs/design.md).
 """
 
 from __future__ import annotations
@@ -55,3 +59,32 @@ class GatedCombine(nnx.Module):
         dt = self.dtype
         gated = self.norm_y(y_BTD.astype(dt)) * jax.nn.sigmoid(self.norm_m(m_BTD.astype(dt)))
         return project(gated, self.w_o[...].astype(dt))
+
+
+COMBINES = ("gate", "sum")
+
+
+class SumCombine(nnx.Module):
+    """``combine(y_BTD, m_BTD) -> y + m``: the branches added, no parameters (LaCT's block).
+
+    Raises:
+      ValueError: if y and m differ in shape.
+    """
+
+    def __call__(self, y_BTD: jax.Array, m_BTD: jax.Array) -> jax.Array:
+        if y_BTD.shape != m_BTD.shape:
+            raise ValueError(f"SumCombine wants y and m of one shape, got {y_BTD.shape} and "
+                             f"{m_BTD.shape}")
+        return y_BTD + m_BTD.astype(y_BTD.dtype)
+
+
+def combine_mode(model_cfg) -> str:
+    """The ``combine`` field of a MAG or MAC model config ("gate" where absent).
+
+    Raises:
+      ValueError: for a value other than "gate" or "sum".
+    """
+    combine = str(model_cfg.get("combine", "gate"))
+    if combine not in COMBINES:
+        raise ValueError(f"model.combine must be one of {COMBINES}, got {combine!r}")
+    return combine
