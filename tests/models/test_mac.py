@@ -150,7 +150,7 @@ def test_config_fields_and_errors():
     with pytest.raises(ValueError, match="multiple of model.memory.chunk_size"):
         build(small_model_cfg("mac", "float32", segment_len=24))
     assert cfg.memory_input == "segment_input" and cfg.memory_ablation == "none"
-    assert cfg.combine == "gate"
+    assert cfg.combine == "sum"   # a deviation, as MAG's (configs/mac.py)
     with pytest.raises(ValueError, match="model.combine"):
         build(small_model_cfg("mac", "float32", combine="product"))
     with pytest.raises(ValueError, match="memory_input"):
