@@ -203,8 +203,8 @@ FIELDS: dict[str, Field] = {
     "model.combine": _f("How MAG and MAC merge their attention and memory branches: 'sum' "
                         "(y + m, each with its own output projection, LaCT's block; a "
                         "deviation from the paper: docs/design.md) or 'gate' (Titans' sigmoid "
-                        "gate and output "
-                        "projection; Atlas-MAG's).", _one_of("gate", "sum"), ("mac", "mag")),
+                        "gate and output projection; Atlas-MAG's).", _one_of("gate", "sum"),
+                        ("mac", "mag")),
     "model.segment_len": _f("MAC segment length (a multiple of model.memory.chunk_size).",
                             _ints(1), ("mac",)),
     "model.memory_input": _f("What MAC's memory is written and read with: 'attention_output' "

@@ -15,10 +15,11 @@ The attention mask lets a token see every persistent token, and h_j and x_j only
 before its own position, inside its own document; persistent tokens are parameters of each MAC
 layer (``titans_lm.nn.context_attention``). The ⊗ is the gate of MAG (``titans_lm.nn.gated_combine``:
 normalised branches with learned weights, sigmoid, output projection); the paper leaves the MAC
-operator open. With ``combine="sum"`` (a deviation, as for MAG: ``titans_lm.nn.gated_combine``) the
-branches are added, o_t = y_t W_O^attn + M*_t(.) read through the memory's output head, both
-projections with the depth-scaled init. h_j is mapped to the model width by the memory's output head (RMSNorm per head,
-output gate, W_O) before it joins the attention's context.
+operator open. With ``combine="sum"`` (a deviation, as for MAG: ``titans_lm.nn.gated_combine``;
+``configs/mac.py``'s default) the branches are added, o_t = y_t W_O^attn + M*_t(.) read through
+the memory's output head, both projections with the depth-scaled init. h_j is mapped to the
+model width by the memory's output head (RMSNorm per head, output gate, W_O; with the sum, that
+W_O's init is the depth-scaled one) before it joins the attention's context.
 
 Documents: the memory state resets to (W0, 0) at every document start, at any position (a start
 inside a chunk cuts it; ``segment_len`` must be a multiple of the chunk size so that the chunks
