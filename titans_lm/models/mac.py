@@ -80,7 +80,7 @@ from titans_lm.models.memory_mixer import make_memory, memory_config, memory_lay
 from titans_lm.models.registry import register
 from titans_lm.nn.context_attention import ContextAttention
 from titans_lm.nn.dtypes import to_dtype
-from titans_lm.nn.gated_combine import GatedCombine, SumCombine, combine_mode
+from titans_lm.nn.gated_combine import GatedCombine, branch_out_stds, make_combine
 from titans_lm.nn.init import scaled_out_std
 
 MAC_FIELDS = ("n_heads", "rope_theta", "segment_len", "n_persistent", "memory_layers", "memory")
@@ -387,7 +387,7 @@ def build_mac(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     out_std = scaled_out_std(model_cfg.init_std, model_cfg.n_layers)
     dtype = to_dtype(model_cfg.dtype)
     param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
-    summed = combine_mode(model_cfg) == "sum"
+    attention_std, memory_std = branch_out_stds(model_cfg, out_std)
 
     def attention(out_init_std: float, rngs: nnx.Rngs) -> ContextAttention:
         return ContextAttention(model_cfg.d_model, model_cfg.n_heads,
@@ -399,15 +399,9 @@ def build_mac(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     def make_mixer(layer: int, rngs: nnx.Rngs):
         if layer not in layers:
             return SegmentAttentionMixer(attention(out_std, rngs), seg)
-        if summed:   # both output projections feed the residual stream: depth-scaled init
-            memory = make_memory(mcfg, rngs=rngs, out_init_std=out_std)
-            combine, attention_out_std = SumCombine(), out_std
-        else:
-            memory = make_memory(mcfg, rngs=rngs)
-            combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
-                                   param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-            attention_out_std = model_cfg.init_std
-        return MACMixer(memory, attention(attention_out_std, rngs), combine, seg,
+        memory = make_memory(mcfg, rngs=rngs, out_init_std=memory_std)
+        combine = make_combine(model_cfg, out_std, rngs=rngs)
+        return MACMixer(memory, attention(attention_std, rngs), combine, seg,
                         memory_input=str(model_cfg.get("memory_input", "attention_output")),
                         ablation=str(model_cfg.get("memory_ablation", "none")))
 

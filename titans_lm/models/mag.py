@@ -47,7 +47,7 @@ from titans_lm.models.memory_mixer import make_memory, memory_config, memory_lay
 from titans_lm.models.registry import register
 from titans_lm.nn.attention import Attention
 from titans_lm.nn.dtypes import to_dtype
-from titans_lm.nn.gated_combine import GatedCombine, SumCombine, combine_mode
+from titans_lm.nn.gated_combine import GatedCombine, branch_out_stds, make_combine
 from titans_lm.nn.init import scaled_out_std
 from titans_lm.nn.stream import Stream
 
@@ -134,22 +134,15 @@ def build_mag(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
       ValueError: on missing fields or invalid sizes / memory settings.
     """
     mcfg, n_p, layers, out_std = hybrid_settings(model_cfg)
-    dtype = to_dtype(model_cfg.dtype)
-    param_dtype = to_dtype(model_cfg.get("param_dtype", "float32"))
-    summed = combine_mode(model_cfg) == "sum"
+    attention_std, memory_std = branch_out_stds(model_cfg, out_std)
     ablation = str(model_cfg.get("memory_ablation", "none"))
 
     def make_mixer(layer: int, rngs: nnx.Rngs):
         if layer not in layers:
             return hybrid_attention(model_cfg, out_std, rngs=rngs)
-        if summed:   # both output projections feed the residual stream: depth-scaled init
-            return MAGMixer(hybrid_attention(model_cfg, out_std, rngs=rngs),
-                            make_memory(mcfg, rngs=rngs, out_init_std=out_std), SumCombine(),
-                            ablation=ablation)
-        attention = hybrid_attention(model_cfg, model_cfg.init_std, rngs=rngs)
-        memory = make_memory(mcfg, rngs=rngs)
-        combine = GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps, dtype=dtype,
-                               param_dtype=param_dtype, out_init_std=out_std, rngs=rngs)
-        return MAGMixer(attention, memory, combine, ablation=ablation)
+        attention = hybrid_attention(model_cfg, attention_std, rngs=rngs)
+        memory = make_memory(mcfg, rngs=rngs, out_init_std=memory_std)
+        return MAGMixer(attention, memory, make_combine(model_cfg, out_std, rngs=rngs),
+                        ablation=ablation)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)

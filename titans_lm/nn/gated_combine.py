@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from titans_lm.nn.dtypes import to_dtype
 from titans_lm.nn.init import normal_param
 from titans_lm.nn.norm import RMSNorm
 from titans_lm.nn.project import project
@@ -76,6 +77,30 @@ class SumCombine(nnx.Module):
             raise ValueError(f"SumCombine wants y and m of one shape, got {y_BTD.shape} and "
                              f"{m_BTD.shape}")
         return y_BTD + m_BTD.astype(y_BTD.dtype)
+
+
+def make_combine(model_cfg, out_init_std: float, *, rngs: nnx.Rngs) -> GatedCombine | SumCombine:
+    """The ``model.combine`` of a MAG or MAC layer: ``GatedCombine`` (its W_O drawn with
+    ``out_init_std``) or ``SumCombine``.
+
+    Raises:
+      ValueError: for a ``combine`` other than "gate" or "sum".
+    """
+    if combine_mode(model_cfg) == "sum":
+        return SumCombine()
+    return GatedCombine(model_cfg.d_model, norm_eps=model_cfg.norm_eps,
+                        dtype=to_dtype(model_cfg.dtype),
+                        param_dtype=to_dtype(model_cfg.get("param_dtype", "float32")),
+                        out_init_std=out_init_std, rngs=rngs)
+
+
+def branch_out_stds(model_cfg, out_init_std: float) -> tuple[float, float | None]:
+    """Init stds of the attention's and the memory's output projections, (attention, memory):
+    with the sum both feed the residual stream and take the depth-scaled ``out_init_std``; with
+    the gate, only the gate's W_O does (attention: ``init_std``; memory: None, its default)."""
+    if combine_mode(model_cfg) == "sum":
+        return out_init_std, out_init_std
+    return model_cfg.init_std, None
 
 
 def combine_mode(model_cfg) -> str:
