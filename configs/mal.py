@@ -3,7 +3,8 @@ tiny | 170m | 340m | 400m | 760m.
 
 The hybrid of ``titans_lm.models.mal``: the neural memory as a residual layer, then sliding-window
 attention over its output; N_p persistent tokens prepended once to the sequence. Window and
-``model.memory_layers`` as in ``configs/mag.py``.
+``model.memory_layers`` as in ``configs/mag.py``. ``model.read_to_output`` (False: the paper's
+layer) also adds the memory's read to the layer's output (``titans_lm.models.mal``).
 
 Memory settings, tiny and paper runs, persistent tokens and ablation switches:
 ``titans_lm.config.backbones.titans_config``.
@@ -32,6 +33,7 @@ def get_config(size: str = "tiny"):
     """
     c = titans_config("mal", size, _PAPER)
     c.model.memory_layers = "all"
+    c.model.read_to_output = False  # the paper's layer; True adds the read to the output
     c.model.memory_ablation = "none"  # an evaluation probe (titans_lm.models.mal)
     c.model.window = 64 if c.model.size == "tiny" else 1024
     return c

@@ -39,9 +39,26 @@ def test_memory_feeds_the_attention():
     np.testing.assert_allclose(np.asarray(forward_mixer(mixer, x, ids)), attn_only, rtol=1e-6, atol=1e-7)
 
 
+def test_read_to_output_adds_the_memory_read_to_the_attention_output():
+    """read_to_output=True (a deviation): o = SWA(x + M(x)) + M(x), the same parameters as the
+    paper's layer; with the read ablated it is again the attention alone."""
+    plain = build(small_model_cfg("mal", "float32", n_layers=1)).blocks[0].mixer
+    summed = build(small_model_cfg("mal", "float32", n_layers=1, read_to_output=True)).blocks[0].mixer
+    x, ids = mixer_input(dtype=jnp.float32, n_prefix=NP)
+    m = np.asarray(forward_mixer(summed.memory, x, ids))
+    assert np.abs(m).max() > 1e-3
+    np.testing.assert_allclose(np.asarray(forward_mixer(summed, x, ids)),
+                               np.asarray(forward_mixer(plain, x, ids)) + m, rtol=1e-5, atol=1e-6)
+    ablated = build(small_model_cfg("mal", "float32", n_layers=1, read_to_output=True,
+                                    memory_ablation="read")).blocks[0].mixer
+    np.testing.assert_allclose(np.asarray(forward_mixer(ablated, x, ids)),
+                               np.asarray(forward_mixer(ablated.attention, x, ids)), rtol=1e-6, atol=1e-7)
+
+
 def test_config():
     cfg = load_config("mal").model
     assert cfg.window == 64 and cfg.n_persistent == 4 and cfg.memory_layers == "all"
+    assert cfg.read_to_output is False  # the paper's layer
     assert abs(float(np.asarray(build(small_model_cfg("mal", "float32", n_layers=4))
                                 .blocks[0].mixer.memory.w_out[...]).std()) - 0.02 / np.sqrt(8)) < 0.004
 

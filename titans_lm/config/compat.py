@@ -28,7 +28,7 @@ TRAIN_FIELDS_CHECKED = ("batch_size", "carry_state")
 # counts only where the requested config has it.
 ABSENT_MEANS = {"train.carry_state": False, "data.streamed": False,
                 "model.memory_input": "attention_output", "model.memory_ablation": "none",
-                "model.combine": "gate",
+                "model.combine": "gate", "model.read_to_output": False,
                 # the memory's rule fields: a checkpoint without them ran their defaults
                 **{f"model.memory.{k}": MEMORY_DEFAULTS[k] for k in (
                     "attentional_bias", "bias_p", "huber_delta", "feature_map", "feature_degree",

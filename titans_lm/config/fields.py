@@ -205,6 +205,10 @@ FIELDS: dict[str, Field] = {
                         "deviation from the paper: docs/design.md) or 'gate' (Titans' sigmoid "
                         "gate and output projection; Atlas-MAG's).", _one_of("gate", "sum"),
                         ("mac", "mag")),
+    "model.read_to_output": _f("MAL: also add the memory's read to the layer's output, "
+                               "o = SW-Attn(x + M(x)) + M(x) (a deviation; false = the paper's "
+                               "o = SW-Attn(x + M(x)): docs/design.md).", _one_of(False, True),
+                               ("mal",)),
     "model.segment_len": _f("MAC segment length (a multiple of model.memory.chunk_size).",
                             _ints(1), ("mac",)),
     "model.memory_input": _f("What MAC's memory is written and read with: 'attention_output' "

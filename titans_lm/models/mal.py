@@ -13,13 +13,18 @@ keeps their keys/values). A MAL layer's state is (memory state, attention state)
 Layers listed by ``memory_layers`` ("all" by default) are MAL layers; the others are plain
 sliding-window attention with the same window.
 
+``read_to_output=True`` (a deviation, off in ``configs/mal.py``): o = SW-Attn(y) + M(x~), the
+memory's read also added to the layer's output, as MAG's and MAC's summed branches add theirs.
+In the paper's layer the read reaches a token's output only through the attention's projections,
+mixed over the window; at the tiny budget that MAL learnt no MQAR (docs/results/memory-suite.md).
+
 Ablation switch for evaluation (``memory_ablation``, :data:`MAL_ABLATIONS`; changes no parameter):
 ``"read"`` replaces the memory layer's output m by zeros, so the attention sees y = x~; the memory
 is still written and carried. ``"none"`` (the default) runs the layer as described.
 
 Model config fields: as ``titans_lm.models.mag`` (``n_heads``, ``rope_theta``, ``window``,
 ``n_persistent``, ``memory_layers``, ``memory`` and the shell fields), optional
-``memory_ablation`` (default "none").
+``read_to_output`` (default False: the paper's layer) and ``memory_ablation`` (default "none").
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class MALMixer(nnx.Module):
       memory: ``NeuralMemory`` (attribute ``memory``).
       attention: sliding-window ``Attention`` (attribute ``attention``).
       ablation: one of :data:`MAL_ABLATIONS` (module docstring); "none" to run the layer.
+      read_to_output: add the memory's read m to the attention's output (module docstring).
 
     State: ``(memory_state, attention_state)``.
 
@@ -55,9 +61,11 @@ class MALMixer(nnx.Module):
       ValueError: an ``ablation`` outside :data:`MAL_ABLATIONS`.
     """
 
-    def __init__(self, memory: NeuralMemory, attention: Attention, *, ablation: str = "none"):
+    def __init__(self, memory: NeuralMemory, attention: Attention, *, ablation: str = "none",
+                 read_to_output: bool = False):
         self.memory, self.attention = memory, attention
         self.ablation = check_memory_ablation("mal", ablation)
+        self.read_to_output = bool(read_to_output)
 
     def init_state(self, batch_size: int) -> tuple:
         return self.memory.init_state(batch_size), self.attention.init_state(batch_size)
@@ -69,6 +77,8 @@ class MALMixer(nnx.Module):
             m = jnp.zeros_like(m)
         y = x_BTD + m.astype(x_BTD.dtype)
         o, attention_state = self.attention(y, stream, attention_state)
+        if self.read_to_output:
+            o = o + m.astype(o.dtype)
         return o, (memory_state, attention_state)
 
     def reset_memory(self, state: tuple, rows_B: jax.Array) -> tuple:
@@ -87,12 +97,13 @@ def build_mal(model_cfg, *, rngs: nnx.Rngs) -> LanguageModel:
     """
     mcfg, n_p, layers, out_std = hybrid_settings(model_cfg)
     ablation = str(model_cfg.get("memory_ablation", "none"))
+    read_to_output = bool(model_cfg.get("read_to_output", False))
 
     def make_mixer(layer: int, rngs: nnx.Rngs):
         attention = hybrid_attention(model_cfg, out_std, rngs=rngs)
         if layer not in layers:
             return attention
         return MALMixer(make_memory(mcfg, rngs=rngs, out_init_std=out_std), attention,
-                        ablation=ablation)
+                        ablation=ablation, read_to_output=read_to_output)
 
     return LanguageModel.from_config(model_cfg, make_mixer, rngs=rngs, n_persistent=n_p)
