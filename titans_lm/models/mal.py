@@ -16,11 +16,13 @@ sliding-window attention with the same window.
 ``read_to_output=True`` (a deviation, off in ``configs/mal.py``): o = SW-Attn(y) + M(x~), the
 memory's read also added to the layer's output, as MAG's and MAC's summed branches add theirs.
 In the paper's layer the read reaches a token's output only through the attention's projections,
-mixed over the window; at the tiny budget that MAL learnt no MQAR (docs/results/memory-suite.md).
+mixed over the window; at the tiny budget that MAL learnt no recall past its window, and with the
+read added (and the LMM's write) it did, at a cost on the book
+(docs/results/memory-suite.md#mals-read-added-to-its-output).
 
 Ablation switch for evaluation (``memory_ablation``, :data:`MAL_ABLATIONS`; changes no parameter):
-``"read"`` replaces the memory layer's output m by zeros, so the attention sees y = x~; the memory
-is still written and carried. ``"none"`` (the default) runs the layer as described.
+``"read"`` replaces the memory layer's output m by zeros, so the attention sees y = x~ (and
+``read_to_output`` adds zeros); the memory is still written and carried. ``"none"`` (the default) runs the layer as described.
 
 Model config fields: as ``titans_lm.models.mag`` (``n_heads``, ``rope_theta``, ``window``,
 ``n_persistent``, ``memory_layers``, ``memory`` and the shell fields), optional
