@@ -22,7 +22,8 @@ read added (and the LMM's write) it did, at a cost on the book
 
 Ablation switch for evaluation (``memory_ablation``, :data:`MAL_ABLATIONS`; changes no parameter):
 ``"read"`` replaces the memory layer's output m by zeros, so the attention sees y = x~ (and
-``read_to_output`` adds zeros); the memory is still written and carried. ``"none"`` (the default) runs the layer as described.
+``read_to_output`` adds zeros); the memory is still written and carried. ``"none"`` (the
+default) runs the layer as described.
 
 Model config fields: as ``titans_lm.models.mag`` (``n_heads``, ``rope_theta``, ``window``,
 ``n_persistent``, ``memory_layers``, ``memory`` and the shell fields), optional
